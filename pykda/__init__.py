@@ -1,0 +1,6 @@
+"""pykda: fast attention kernels for hybrid linear-attention LLMs (Kimi Delta Attention
+prefill and decode, flash decoding), JIT-compiled from Jinja CUDA templates with NVRTC."""
+from .ops.decode import single_decode_with_kv_cache
+
+__version__ = "0.1.0"
+__all__ = ["single_decode_with_kv_cache", "__version__"]

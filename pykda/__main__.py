@@ -1,0 +1,67 @@
+"""Command line: `python -m pykda {demo, compile, render, bench}`."""
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+
+
+def _value(text: str):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def cmd_compile(args) -> int:
+    from . import registry, runtime
+    for spec in registry.specs(args.family, args.arch):
+        cubin, seconds, from_disk = runtime.compile_spec(spec)
+        where = "disk" if from_disk else "nvrtc"
+        print(f"{spec.template:<12} {spec.describe():<72} {seconds:7.3f} s {len(cubin):8d} B  ({where})")
+    return 0
+
+
+def cmd_render(args) -> int:
+    from . import runtime
+    params = dict(kv.split("=", 1) for kv in args.params)
+    print(runtime.render(args.name, {k: _value(v) for k, v in params.items()}), end="")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from . import demo
+    return demo.main()
+
+
+def cmd_bench(args) -> int:
+    from .bench import main as bench_main
+    return bench_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m pykda", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("demo", help="run flash decoding on a default problem, checked against the reference")
+    c = sub.add_parser("compile", help="compile every registered specialization offline (no GPU needed)")
+    c.add_argument("--arch", default="sm_90a")
+    c.add_argument("--family", default=None, help="decode (default: all)")
+    r = sub.add_parser("render", help="print a template's rendered CUDA source")
+    r.add_argument("name")
+    r.add_argument("params", nargs="*", help="KEY=VALUE template parameters")
+    b = sub.add_parser("bench", help="benchmarks against peers on the GPU")
+    b.add_argument("op", choices=["decode"])
+    b.add_argument("--chunk-size", default=None, help="comma list of chunk sizes to sweep")
+    b.add_argument("--stages", default=None, help="comma list of pipeline depths to sweep")
+    b.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
+    b.add_argument("--json", default="pykda-bench.json", help="where to write the results")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return {"demo": cmd_demo, "compile": cmd_compile, "render": cmd_render, "bench": cmd_bench}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Argument checks shared by the ops: each raises TypeError/ValueError naming the argument."""
+from __future__ import annotations
+
+from ..runtime.arrays import DeviceArray
+
+ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8}
+
+
+def check_dtype(a: DeviceArray, name: str, allowed: tuple[str, ...]) -> None:
+    if a.dtype not in allowed:
+        raise TypeError(f"{name} must have dtype {' or '.join(allowed)}; got {a.dtype}")
+
+
+def check_ndim(a: DeviceArray, name: str, ndim: int, layout: str) -> None:
+    if a.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D {layout}; got shape {tuple(a.shape)}")
+
+
+def check_shape(a: DeviceArray, name: str, shape: tuple, layout: str) -> None:
+    if tuple(a.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {layout} = {tuple(shape)}; got {tuple(a.shape)}")
+
+
+def check_same_device(arrays: dict[str, DeviceArray]) -> int:
+    devices = {name: a.device for name, a in arrays.items()}
+    first = next(iter(devices.values()))
+    if any(d != first for d in devices.values()):
+        raise ValueError(f"all arrays must be on one device; got {devices}")
+    return first
+
+
+def check_inner_contiguous(a: DeviceArray, name: str) -> None:
+    if a.strides[-1] != 1 and a.shape[-1] > 1:
+        raise ValueError(f"{name} must be contiguous in its last dimension; got strides {a.strides}")
+
+
+def check_aligned(a: DeviceArray, name: str, nbytes: int = 16) -> None:
+    """Base address and every outer stride aligned to `nbytes` (vectorized access, TMA)."""
+    item = ITEMSIZE[a.dtype]
+    if a.ptr % nbytes:
+        raise ValueError(f"{name} must start at a {nbytes}-byte aligned address; got {a.ptr:#x}")
+    for dim, (size, stride) in enumerate(zip(a.shape[:-1], a.strides[:-1])):
+        if size > 1 and (stride * item) % nbytes:
+            raise ValueError(f"{name}: stride {stride} of dim {dim} is {stride * item} bytes; "
+                             f"it must be a multiple of {nbytes} bytes")
+
+
+def check_contiguous(a: DeviceArray, name: str) -> None:
+    expected, step = [], 1
+    for size in reversed(a.shape):
+        expected.append(step)
+        step *= size
+    if any(s != e for s, e, n in zip(a.strides, reversed(expected), a.shape) if n > 1):
+        raise ValueError(f"{name} must be contiguous; got strides {a.strides} for shape {tuple(a.shape)}")

@@ -1,0 +1,122 @@
+"""Device arrays from any framework, seen as pointer + shape + element strides.
+
+torch tensors and CuPy arrays are read directly (the hot path); JAX arrays and anything else
+speaking DLPack or `__cuda_array_interface__` go through CuPy's importers. Outputs are made
+in the framework of a reference array. Nothing here synchronizes the host.
+"""
+from __future__ import annotations
+
+_TORCH_DTYPES: dict = {}   # torch.dtype -> name, filled on first torch tensor
+_NAMES = ("bfloat16", "float16", "float32", "float64", "int32", "int64", "uint8", "int8", "bool")
+
+
+class DeviceArray:
+    __slots__ = ("ptr", "shape", "strides", "dtype", "device", "framework", "obj")
+
+    def __init__(self, ptr, shape, strides, dtype, device, framework, obj):
+        self.ptr, self.shape, self.strides, self.dtype = ptr, shape, strides, dtype
+        self.device, self.framework, self.obj = device, framework, obj
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __repr__(self) -> str:
+        return f"DeviceArray({self.framework}, {self.dtype}, shape={self.shape}, strides={self.strides})"
+
+
+def _torch_dtype_name(dt) -> str:
+    if not _TORCH_DTYPES:
+        import torch
+        for n in _NAMES:
+            _TORCH_DTYPES[getattr(torch, n)] = n
+    return _TORCH_DTYPES.get(dt, str(dt).removeprefix("torch."))
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
+
+
+def _from_cupy(x, name: str, obj) -> DeviceArray:
+    item = x.dtype.itemsize
+    return DeviceArray(x.data.ptr, x.shape, tuple(s // item for s in x.strides), x.dtype.name,
+                       x.device.id, "cupy", obj)
+
+
+def as_device_array(x, name: str) -> DeviceArray:
+    """View `x` (torch, CuPy, JAX, DLPack, CUDA array interface) as a DeviceArray.
+
+    Raises TypeError naming `name` for host arrays and objects that are not arrays.
+    """
+    if _is_torch(x):
+        if not x.is_cuda:
+            raise TypeError(f"{name} must be a CUDA tensor; got a torch tensor on {x.device}")
+        return DeviceArray(x.data_ptr(), tuple(x.shape), tuple(x.stride()), _torch_dtype_name(x.dtype),
+                           x.device.index, "torch", x)
+    mod = type(x).__module__
+    if mod.startswith("cupy"):
+        return _from_cupy(x, name, x)
+    if mod.startswith("numpy") or isinstance(x, (list, tuple, int, float)):
+        raise TypeError(f"{name} must be a GPU array (CuPy, torch, JAX or DLPack); got a host {type(x).__name__}")
+    if hasattr(x, "__dlpack__") or hasattr(x, "__cuda_array_interface__"):
+        import cupy
+        if hasattr(x, "__dlpack_device__"):
+            dev_type = int(x.__dlpack_device__()[0])
+            if dev_type not in (2, 13):   # kDLCUDA, kDLCUDAManaged
+                raise TypeError(f"{name} must be a GPU array; got a DLPack array on device type {dev_type}")
+        try:
+            view = cupy.from_dlpack(x) if hasattr(x, "__dlpack__") else cupy.asarray(x)
+        except Exception as exc:   # e.g. bfloat16 without ml_dtypes
+            raise TypeError(f"{name}: cannot import {type(x).__name__} as a device array: {exc}") from exc
+        return _from_cupy(view, name, x)
+    raise TypeError(f"{name} must be a GPU array (CuPy, torch, JAX or DLPack); got {type(x).__name__}")
+
+
+def _cupy_dtype(name: str):
+    if name == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:   # pragma: no cover - ml_dtypes is a dependency
+            raise TypeError("bfloat16 outputs for CuPy/JAX arrays need the ml_dtypes package") from None
+        return ml_dtypes.bfloat16
+    import numpy
+    return numpy.dtype(name)
+
+
+def empty_like_framework(ref: DeviceArray, shape: tuple, dtype: str):
+    """A new uninitialized array of `shape`/`dtype` on ref's device, in ref's framework
+    (CuPy for DLPack producers; `to_framework` hands it back in theirs)."""
+    if ref.framework == "torch":
+        import torch
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=ref.obj.device)
+    import cupy
+    with cupy.cuda.Device(ref.device):
+        return cupy.empty(shape, dtype=_cupy_dtype(dtype))
+
+
+def to_framework(ref: DeviceArray, arr):
+    """Hand `arr` (made by empty_like_framework) back in the framework of `ref`."""
+    if ref.framework == "torch" or type(ref.obj).__module__.startswith("cupy"):
+        return arr
+    if type(ref.obj).__module__.startswith("jax"):
+        import jax.dlpack
+        return jax.dlpack.from_dlpack(arr)
+    return arr
+
+
+def launch_stream(ref: DeviceArray, stream=None) -> int:
+    """The stream handle to launch on: `stream` if given (int handle, CuPy or torch stream),
+    else torch's current stream for torch arrays, else CuPy's current stream."""
+    if stream is not None:
+        if isinstance(stream, int):
+            return stream
+        for attr in ("cuda_stream", "ptr"):
+            if hasattr(stream, attr):
+                return int(getattr(stream, attr))
+        raise TypeError(f"stream must be an int handle, a CuPy or a torch stream; got {type(stream).__name__}")
+    if ref.framework == "torch":
+        import torch
+        return torch.cuda.current_stream(ref.device).cuda_stream
+    import cupy
+    with cupy.cuda.Device(ref.device):
+        return cupy.cuda.get_current_stream().ptr

@@ -1,0 +1,105 @@
+// Base types and numeric helpers shared by every pykda kernel.
+// Self-contained: NVRTC compiles it with no CUDA toolkit header.
+#pragma once
+
+#ifdef __CUDACC_RTC__   // NVRTC: no system headers
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+typedef int int32_t;
+typedef long long int64_t;
+#else                   // nvcc, for register/spill reports of a rendered kernel
+#include <stdint.h>
+#endif
+
+#define PYKDA_DEVICE __device__ __forceinline__
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
+// 16-bit storage types: the bit pattern is all the kernels keep; arithmetic is fp32.
+struct bf16_t { uint16_t bits; };
+struct fp16_t { uint16_t bits; };
+
+// A tensor map encoded on the host (CUtensorMap: 128 bytes, 64-byte aligned),
+// passed by value as a __grid_constant__ kernel parameter.
+struct __align__(64) TensorMap { uint64_t opaque[16]; };
+
+// Dynamic shared memory rounded up to 1024 bytes (what 128-byte-swizzled TMA tiles need);
+// callers request 1024 bytes more than they use.
+PYKDA_DEVICE uint8_t* align_smem_1024(uint8_t* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  return p + (((a + 1023u) & ~1023u) - a);
+}
+
+// ---- conversions: 16-bit floats <-> fp32 ----
+PYKDA_DEVICE float to_float(bf16_t x) { return __uint_as_float(uint32_t(x.bits) << 16); }
+PYKDA_DEVICE float to_float(fp16_t x) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+  return f;
+}
+template <typename T> PYKDA_DEVICE T from_float(float f);
+template <> PYKDA_DEVICE bf16_t from_float<bf16_t>(float f) {
+  bf16_t r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(f));
+  return r;
+}
+template <> PYKDA_DEVICE fp16_t from_float<fp16_t>(float f) {
+  fp16_t r;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(f));
+  return r;
+}
+
+// Two fp32 -> one packed 32-bit register (lo in the low half), as mma.sync operands want.
+template <typename T> PYKDA_DEVICE uint32_t pack2(float lo, float hi);
+template <> PYKDA_DEVICE uint32_t pack2<bf16_t>(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+template <> PYKDA_DEVICE uint32_t pack2<fp16_t>(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// One packed register -> two fp32 (lo, hi).
+PYKDA_DEVICE float2 unpack2(uint32_t v, bf16_t) {
+  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+}
+PYKDA_DEVICE float2 unpack2(uint32_t v, fp16_t) {
+  float lo, hi;
+  asm("{ .reg .f16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }"
+      : "=f"(lo), "=f"(hi) : "r"(v));
+  return make_float2(lo, hi);
+}
+
+// ---- fast math ----
+PYKDA_DEVICE float fast_exp2(float x) {  // 2^x, ex2.approx (2 ulp); -inf -> 0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+PYKDA_DEVICE float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+PYKDA_DEVICE float fast_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ---- warp reductions over groups of WIDTH adjacent lanes ----
+template <int WIDTH> PYKDA_DEVICE float group_sum(float v) {
+#pragma unroll
+  for (int o = WIDTH / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <int WIDTH> PYKDA_DEVICE float group_max(float v) {
+#pragma unroll
+  for (int o = WIDTH / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}

@@ -1,0 +1,133 @@
+"""CPU tests of flash-decoding argument checks and planning (no GPU needed)."""
+import numpy as np
+import pytest
+
+import pykda
+from pykda.ops.decode import BLOCK_N, DecodeProblem, plan_decode, validate_decode
+from pykda.runtime.arrays import DeviceArray, as_device_array
+
+BASE = 1 << 30
+
+
+def arr(shape, dtype="bfloat16", strides=None, ptr=BASE, device=0):
+    if strides is None:
+        strides, step = [], 1
+        for n in reversed(shape):
+            strides.insert(0, step)
+            step *= n
+    return DeviceArray(ptr, tuple(shape), tuple(strides), dtype, device, "test", None)
+
+
+def good(S=100, hq=32, hkv=8, d=128, dtype="bfloat16"):
+    return arr((hq, d), dtype), arr((S, hkv, d), dtype), arr((S, hkv, d), dtype)
+
+
+def test_valid_problem_is_described():
+    p = validate_decode(*good(), None)
+    assert (p.kv_len, p.q_heads, p.kv_heads, p.head_dim, p.group) == (100, 32, 8, 128, 4)
+
+
+def test_strided_view_of_a_larger_cache_is_accepted():
+    q, k, v = good()
+    big = arr((100, 8, 256))   # k = cache[:, :, :128] of a [100, 8, 256] cache
+    k = arr((100, 8, 128), strides=big.strides)
+    validate_decode(q, k, v, None)
+
+
+@pytest.mark.parametrize("case, exc, message", [
+    ("q_dtype", TypeError, "q must have dtype bfloat16 or float16; got float32"),
+    ("kv_dtype", TypeError, "k must have the dtype of q"),
+    ("q_rank", ValueError, "q must be 2-D"),
+    ("k_rank", ValueError, "k must be 3-D"),
+    ("ratio", ValueError, r"num_qo_heads \(30\) must be a multiple of num_kv_heads \(8\)"),
+    ("d96", ValueError, r"head_dim must be one of \(64, 128, 256\); got 96"),
+    ("s0", ValueError, "at least one KV row"),
+    ("kv_mismatch", ValueError, "k and v must have the same shape"),
+    ("qk_dim", ValueError, "must equal q's head_dim"),
+    ("misaligned", ValueError, "k must start at a 16-byte aligned address"),
+    ("stride16", ValueError, "k: stride 1004 of dim 0 is 2008 bytes; it must be a multiple of 16"),
+    ("inner", ValueError, "v must be contiguous in its last dimension"),
+    ("device", ValueError, "all arrays must be on one device"),
+    ("out_shape", ValueError, "out must have shape"),
+    ("out_dtype", TypeError, "out must have the dtype of q"),
+])
+def test_bad_input_names_the_argument(case, exc, message):
+    q, k, v = good()
+    out = None
+    if case == "q_dtype":
+        q = arr((32, 128), "float32")
+    elif case == "kv_dtype":
+        k = arr((100, 8, 128), "float16")
+    elif case == "q_rank":
+        q = arr((1, 32, 128))
+    elif case == "k_rank":
+        k = arr((100, 1024))
+    elif case == "ratio":
+        q = arr((30, 128))
+    elif case == "d96":
+        q, k, v = good(d=96)
+    elif case == "s0":
+        q, k, v = good(S=0)
+    elif case == "kv_mismatch":
+        v = arr((99, 8, 128))
+    elif case == "qk_dim":
+        q = arr((32, 64))
+    elif case == "misaligned":
+        k = arr((100, 8, 128), ptr=BASE + 8)
+    elif case == "stride16":
+        k = arr((100, 8, 128), strides=(1004, 128, 1))
+    elif case == "inner":
+        v = arr((100, 8, 128), strides=(2048, 256, 2))
+    elif case == "device":
+        v = arr((100, 8, 128), device=1)
+    elif case == "out_shape":
+        out = arr((32, 64))
+    elif case == "out_dtype":
+        out = arr((32, 128), "float16")
+    with pytest.raises(exc, match=message):
+        validate_decode(q, k, v, out)
+
+
+def test_host_numpy_arrays_are_refused_by_name():
+    with pytest.raises(TypeError, match="q must be a GPU array"):
+        pykda.single_decode_with_kv_cache(np.zeros((32, 128), np.float16), np.zeros((4, 8, 128), np.float16),
+                                          np.zeros((4, 8, 128), np.float16))
+
+
+def test_non_arrays_are_refused_by_name():
+    with pytest.raises(TypeError, match="k must be a GPU array"):
+        as_device_array(object(), "k")
+
+
+def test_cpu_torch_tensor_is_refused_by_name():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match="q must be a CUDA tensor"):
+        as_device_array(torch.zeros(4), "q")
+
+
+# ---- planning ----
+H200 = dict(sm_count=132, smem_per_sm=233472)
+
+
+@pytest.mark.parametrize("S, hq, hkv", [(1, 32, 32), (15, 8, 1), (8192, 32, 32), (131073, 32, 8), (131072, 32, 32)])
+def test_plan_covers_every_row_and_fills_the_gpu(S, hq, hkv):
+    p = DecodeProblem(S, hq, hkv, 128, "bfloat16")
+    plan = plan_decode(p, **H200)
+    assert plan.chunk % BLOCK_N == 0
+    assert (plan.n_chunks - 1) * plan.chunk < S <= plan.n_chunks * plan.chunk
+    ctas = plan.n_chunks * hkv * plan.head_blocks
+    if S >= 8192:
+        assert ctas >= 132, "every SM gets work"
+    assert plan.split == (plan.n_chunks > 1)
+
+
+def test_plan_groups_query_heads_per_kv_head():
+    plan = plan_decode(DecodeProblem(1000, 64, 2, 128, "float16"), **H200)
+    assert plan.heads_per_cta == 16 and plan.head_blocks == 2
+
+
+def test_plan_chunk_override_and_its_check():
+    p = DecodeProblem(8192, 32, 8, 128, "bfloat16")
+    assert plan_decode(p, chunk_size=512, **H200).n_chunks == 16
+    with pytest.raises(ValueError, match="chunk_size must be a positive multiple of 64"):
+        plan_decode(p, chunk_size=100, **H200)

@@ -1,0 +1,162 @@
+"""CPU tests of the JIT runtime: render, offline compile, disk cache, tensor-map checks."""
+import subprocess
+import sys
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from pykda import registry, runtime
+from pykda.runtime import cache
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _decode_spec():
+    return registry.specs("decode", "sm_90a")[0]
+
+
+def test_render_inlines_headers_once_and_is_self_contained():
+    spec = _decode_spec()
+    src = runtime.render(spec.template, spec.param_dict)
+    assert "#include \"" not in src
+    assert src.count("---- common.cuh ----") == 1
+    assert "decode_partial" in src and "decode_merge" in src
+
+
+def test_render_rejects_unknown_template_and_missing_parameter():
+    with pytest.raises(ValueError, match="unknown kernel template"):
+        runtime.render("no_such_kernel", {})
+    params = _decode_spec().param_dict
+    del params["STAGES"]
+    with pytest.raises(Exception, match="STAGES"):
+        runtime.render("decode", params)
+
+
+def test_compile_error_carries_the_nvrtc_log():
+    with pytest.raises(runtime.CompileError, match="undefined_thing"):
+        runtime.compile_cubin('extern "C" __global__ void k() { undefined_thing(); }', "sm_90a")
+
+
+def test_disk_cache_second_compile_skips_nvrtc(cache_dir):
+    spec = _decode_spec()
+    before = cache.stats["nvrtc_compiles"]
+    cubin1, _, from_disk1 = runtime.compile_spec(spec)
+    assert not from_disk1 and cache.stats["nvrtc_compiles"] == before + 1
+    cubin2, _, from_disk2 = runtime.compile_spec(spec)
+    assert from_disk2 and cubin2 == cubin1 and cache.stats["nvrtc_compiles"] == before + 1
+    assert len(list(cache_dir.glob("*.cubin"))) == 1
+    assert cubin1[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "empty"])
+def test_corrupt_cache_entry_is_rebuilt_with_a_warning(cache_dir, damage):
+    spec = _decode_spec()
+    good, _, _ = runtime.compile_spec(spec)
+    (path,) = cache_dir.glob("*.cubin")
+    blob = path.read_bytes()
+    path.write_bytes({"truncate": blob[: len(blob) // 2], "flip": blob[:100] + bytes([blob[100] ^ 1]) + blob[101:],
+                      "empty": b""}[damage])
+    with pytest.warns(RuntimeWarning, match="corrupt kernel cache entry"):
+        cubin, _, from_disk = runtime.compile_spec(spec)
+    assert not from_disk and cubin == good
+    assert runtime.compile_spec(spec)[2]   # rewritten entry is good again
+
+
+def test_concurrent_requests_compile_once(cache_dir):
+    spec = _decode_spec()
+    before = cache.stats["nvrtc_compiles"]
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(runtime.compile_spec(spec)[0])) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(results)) == 1 and cache.stats["nvrtc_compiles"] == before + 1
+
+
+def test_second_process_pays_no_nvrtc_time(cache_dir):
+    code = ("from pykda import registry, runtime; from pykda.runtime import cache;"
+            "runtime.compile_spec(registry.specs('decode', 'sm_90a')[0]);"
+            "print(cache.stats['nvrtc_compiles'])")
+    env = {**__import__("os").environ, "PYKDA_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(ROOT)}
+    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+            for _ in range(2)]
+    assert [r.stdout.strip() for r in runs] == ["1", "0"]
+
+
+def test_cache_key_depends_on_source_and_arch(cache_dir):
+    a = cache.entry_path("x", "sm_90a")
+    assert a != cache.entry_path("y", "sm_90a") and a != cache.entry_path("x", "sm_80")
+    assert a.parent == cache_dir
+
+
+def test_compile_cli_prints_one_line_per_kernel(cache_dir):
+    env = {**__import__("os").environ, "PYKDA_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "pykda", "compile", "--family", "decode"], env=env,
+                       capture_output=True, text=True, check=True)
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == len(registry.specs("decode", "sm_90a"))
+    assert all(" s " in line and " B " in line and line.startswith("decode") for line in lines)
+
+
+def test_render_cli_prints_source():
+    r = subprocess.run([sys.executable, "-m", "pykda", "render", "decode", "D=128", "DTYPE=bf16_t", "BLOCK_N=64",
+                        "STAGES=3", "CHUNK=1024", "WARPS=4", "SPLIT=True"], cwd=ROOT,
+                       capture_output=True, text=True, check=True)
+    assert "constexpr int D = 128;" in r.stdout and "constexpr int CHUNK = 1024;" in r.stdout
+
+
+def test_demo_without_gpu_shows_offline_compile(cache_dir):
+    if runtime.gpu_available():
+        pytest.skip("this machine has a GPU: the demo runs for real")
+    env = {**__import__("os").environ, "PYKDA_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "pykda", "demo"], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "no CUDA GPU" in r.stdout and "bytes of cubin" in r.stdout
+
+
+def test_no_gpu_call_raises_runtime_error():
+    if runtime.gpu_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(RuntimeError, match="no CUDA GPU"):
+        runtime.require_gpu()
+
+
+# ---- tensor maps ----
+GOOD = dict(name="k", dtype="bfloat16", ptr=1 << 20, dims=(128, 8, 1000), strides=(256, 2048), box=(64, 1, 64),
+            swizzle=128)
+
+
+def test_tensor_map_accepts_a_valid_geometry():
+    runtime.check_tiled(**GOOD)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(ptr=(1 << 20) + 8), "16-byte aligned"),
+    (dict(strides=(200, 2048)), "multiple of 16 bytes"),
+    (dict(box=(64, 1, 512)), "box size 512"),
+    (dict(box=(128, 1, 64)), "exceeds the 128-byte swizzle"),
+    (dict(box=(4, 1, 64), swizzle=0), "multiple of 16"),
+    (dict(dtype="complex64"), "no TMA encoding"),
+    (dict(strides=(256,)), "rank-1 strides"),
+    (dict(swizzle=96), "swizzle must be"),
+])
+def test_tensor_map_rejects_bad_geometry_naming_the_argument(change, message):
+    with pytest.raises(ValueError, match=message) as info:
+        runtime.check_tiled(**{**GOOD, **change})
+    assert str(info.value).startswith("k:")
+
+
+# ---- packaging ----
+def test_wheel_ships_templates_and_headers(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                        "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    (wheel,) = tmp_path.glob("pykda-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "pykda/templates/decode.cu.j2" in names
+    for header in ("common.cuh", "ptx.cuh", "mma.cuh"):
+        assert f"pykda/kernels_cu/{header}" in names
+    assert not any(n.endswith((".so", ".cubin")) for n in names)
