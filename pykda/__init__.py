@@ -1,6 +1,8 @@
 """pykda: fast attention kernels for hybrid linear-attention LLMs (Kimi Delta Attention
 prefill and decode, flash decoding), JIT-compiled from Jinja CUDA templates with NVRTC."""
 from .ops.decode import single_decode_with_kv_cache
+from .ops.kda import chunk_kda
+from .ops.kda_decode import fused_recurrent_kda
 
 __version__ = "0.1.0"
-__all__ = ["single_decode_with_kv_cache", "__version__"]
+__all__ = ["single_decode_with_kv_cache", "fused_recurrent_kda", "__version__"]

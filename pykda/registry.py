@@ -22,8 +22,20 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
         yield decode_spec(p, plan_decode(p, H200_SMS, H200_SMEM_PER_SM), arch)
 
 
+def kda_decode_specs(arch: str) -> Iterator[KernelSpec]:
+    from .ops.kda_decode import INDEX_CTYPES, KEY_DIMS, STATE_CTYPES, KdaDecodeProblem, kda_decode_spec
+    for dim in KEY_DIMS:
+        for state in STATE_CTYPES:
+            for rpt in (1, 2, 4):
+                for idx in INDEX_CTYPES:
+                    p = KdaDecodeProblem(1, 1, 32, dim, 1, 1, state, idx, "int32")
+                    yield kda_decode_spec(p, rpt, arch)
+            yield kda_decode_spec(KdaDecodeProblem(1, 1, 32, dim, 1, 1, state, "int32", "int64"), 1, arch)
+
+
 FAMILIES: dict[str, Callable[[str], Iterator[KernelSpec]]] = {
     "decode": decode_specs,
+    "kda_decode": kda_decode_specs,
 }
 
 

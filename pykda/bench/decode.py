@@ -17,7 +17,8 @@ D = 128
 
 
 def _ints(text):
-    return [None] if not text else [int(x) for x in text.split(",")]
+    """A comma list of settings; 0 means the planner's choice."""
+    return [None] if not text else [int(x) or None for x in text.split(",")]
 
 
 def _sdpa_peer(backend_name, q, k, v, hq, hkv):

@@ -4,6 +4,7 @@ validate -> plan (chunk size, pipeline, grid) -> spec -> kernel -> tensor maps +
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -65,6 +66,7 @@ def ctas_per_sm(head_dim: int, stages: int, smem_per_sm: int) -> int:
     return max(1, min(by_smem, by_regs))
 
 
+@functools.lru_cache(maxsize=1024)
 def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: int | None = None,
                 stages: int | None = None) -> DecodePlan:
     """Choose the chunk size so that every SM has work and the last wave is full.
@@ -98,6 +100,7 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
                       heads_per_cta=heads_per_cta, smem=smem_bytes(p.head_dim, stages))
 
 
+@functools.lru_cache(maxsize=1024)
 def decode_spec(p: DecodeProblem, plan: DecodePlan, arch: str) -> runtime.KernelSpec:
     return runtime.KernelSpec.make("decode", {
         "D": p.head_dim, "DTYPE": CTYPES[p.dtype], "BLOCK_N": BLOCK_N, "STAGES": plan.stages,

@@ -118,5 +118,4 @@ def launch_stream(ref: DeviceArray, stream=None) -> int:
         import torch
         return torch.cuda.current_stream(ref.device).cuda_stream
     import cupy
-    with cupy.cuda.Device(ref.device):
-        return cupy.cuda.get_current_stream().ptr
+    return cupy.cuda.get_current_stream(ref.device).ptr

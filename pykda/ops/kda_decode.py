@@ -1,0 +1,199 @@
+"""KDA decode over a pool of states: `fused_recurrent_kda` (names as in fla).
+
+validate -> plan (rows per CTA) -> spec -> kernel -> layout struct -> launch.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import runtime
+from ..runtime.arrays import DeviceArray, as_device_array, empty_like_framework, launch_stream, to_framework
+from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim,
+                     check_same_device, check_shape)
+
+KEY_DIMS = (64, 128)
+STATE_CTYPES = {"float32": "float", "bfloat16": "bf16_t"}
+INDEX_CTYPES = {"int32": "int", "int64": "long long"}
+WARPS = 4
+_LAYOUT_DTYPE = np.dtype([("strides", np.int64, (18,))])
+
+
+@dataclass(frozen=True)
+class KdaDecodeProblem:
+    batch: int          # B (1 with cu_seqlens)
+    tokens: int         # T
+    heads: int
+    dim: int            # K = V
+    sequences: int      # N
+    pool_rows: int      # P
+    state_dtype: str
+    index_dtype: str    # of state_indices ('int32' when absent)
+    cu_dtype: str       # of cu_seqlens ('int32' when absent)
+
+
+@functools.lru_cache(maxsize=256)
+def plan_rows_per_thread(p: KdaDecodeProblem, sm_count: int) -> int:
+    """Rows each lane group carries: as many as keep >= 2 CTAs per SM (more rows, more
+    independent loads in flight per thread), down to 1 for small batches."""
+    elems = 16 // (4 if p.state_dtype == "float32" else 2)
+    groups = 32 // (p.dim // elems)
+    for rpt in (4, 2, 1):
+        ctas = p.sequences * p.heads * (p.dim // (WARPS * groups * rpt))
+        if ctas >= 2 * sm_count:
+            return rpt
+    return 1
+
+
+def rows_per_cta(p: KdaDecodeProblem, rpt: int) -> int:
+    elems = 16 // (4 if p.state_dtype == "float32" else 2)
+    return WARPS * (32 // (p.dim // elems)) * rpt
+
+
+@functools.lru_cache(maxsize=256)
+def kda_decode_spec(p: KdaDecodeProblem, rpt: int, arch: str) -> runtime.KernelSpec:
+    return runtime.KernelSpec.make("kda_decode", {
+        "K": p.dim, "STATE": STATE_CTYPES[p.state_dtype], "RPT": rpt,
+        "IDX_T": INDEX_CTYPES[p.index_dtype], "CU_T": INDEX_CTYPES[p.cu_dtype]}, arch, kernels=("kda_decode",))
+
+
+def validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out) -> KdaDecodeProblem:
+    """Check dtypes, ranks, shapes, layouts and alignment of every argument; no GPU needed."""
+    for name, a in (("q", q), ("k", k), ("g", g), ("v", v)):
+        check_ndim(a, name, 4, "[B, T, H, K]" if name != "v" else "[B, T, H, V]")
+        check_dtype(a, name, ("bfloat16",))
+    check_ndim(beta, "beta", 3, "[B, T, H]")
+    check_dtype(beta, "beta", ("bfloat16",))
+    B, T, H, K = q.shape
+    if K not in KEY_DIMS:
+        raise ValueError(f"K (last dim of q) must be one of {KEY_DIMS}; got {K}")
+    if T < 1:
+        raise ValueError(f"q must hold at least one token (T >= 1); got T = {T}")
+    check_shape(k, "k", (B, T, H, K), "[B, T, H, K]")
+    check_shape(g, "g", (B, T, H, K), "[B, T, H, K]")
+    check_shape(v, "v", (B, T, H, K), "[B, T, H, V] with V = K")
+    check_shape(beta, "beta", (B, T, H), "[B, T, H]")
+    for name, a in (("q", q), ("k", k), ("g", g)):
+        check_inner_contiguous(a, name)
+        check_aligned(a, name, 16)
+    check_inner_contiguous(v, "v")
+    check_dtype(A_log, "A_log", ("float32",))
+    check_shape(A_log, "A_log", (H,), "[H]")
+    check_contiguous(A_log, "A_log")
+    check_dtype(dt_bias, "dt_bias", ("float32",))
+    if tuple(dt_bias.shape) not in ((H, K), (H * K,)):
+        raise ValueError(f"dt_bias must have shape [H, K] = {(H, K)} or [H*K] = {(H * K,)}; got {tuple(dt_bias.shape)}")
+    check_contiguous(dt_bias, "dt_bias")
+    if state is None:
+        raise ValueError("initial_state (the state pool [P, H, V, K]) is required: it is updated in place")
+    check_dtype(state, "initial_state", tuple(STATE_CTYPES))
+    check_ndim(state, "initial_state", 4, "[P, H, V, K]")
+    P = state.shape[0]
+    check_shape(state, "initial_state", (P, H, K, K), "[P, H, V, K]")
+    check_contiguous(state, "initial_state")
+    check_aligned(state, "initial_state", 16)
+    if cu_seqlens is not None:
+        check_dtype(cu_seqlens, "cu_seqlens", tuple(INDEX_CTYPES))
+        check_ndim(cu_seqlens, "cu_seqlens", 1, "[N + 1]")
+        check_contiguous(cu_seqlens, "cu_seqlens")
+        if B != 1:
+            raise ValueError(f"with cu_seqlens the batch size must be 1 (packed tokens); got B = {B}")
+        N = cu_seqlens.shape[0] - 1
+        if N < 1:
+            raise ValueError("cu_seqlens must hold at least two offsets (one sequence)")
+    else:
+        N = B
+    if state_indices is not None:
+        check_dtype(state_indices, "state_indices", tuple(INDEX_CTYPES))
+        check_shape(state_indices, "state_indices", (N,), "[N] (one pool row per sequence)")
+        check_contiguous(state_indices, "state_indices")
+    elif P < N:
+        raise ValueError(f"without state_indices sequence n uses pool row n: initial_state needs "
+                         f"at least {N} rows; got {P}")
+    if out is not None:
+        check_shape(out, "out", (B, T, H, K), "[B, T, H, V]")
+        check_dtype(out, "out", ("bfloat16",))
+        check_inner_contiguous(out, "out")
+    arrays = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "A_log": A_log, "dt_bias": dt_bias,
+              "initial_state": state}
+    for name, a in (("state_indices", state_indices), ("cu_seqlens", cu_seqlens), ("out", out)):
+        if a is not None:
+            arrays[name] = a
+    check_same_device(arrays)
+    return KdaDecodeProblem(batch=B, tokens=T, heads=H, dim=K, sequences=N, pool_rows=P,
+                            state_dtype=state.dtype,
+                            index_dtype=state_indices.dtype if state_indices is not None else "int32",
+                            cu_dtype=cu_seqlens.dtype if cu_seqlens is not None else "int32")
+
+
+def check_state_indices(indices: np.ndarray, pool_rows: int) -> None:
+    """Host-side check of state_indices values (the `check_indices=True` debug mode):
+    non-negative indices must be < pool_rows and distinct."""
+    live = indices[indices >= 0]
+    if live.size and live.max() >= pool_rows:
+        raise ValueError(f"state_indices holds {int(live.max())}, out of range for a pool of {pool_rows} rows")
+    uniq, counts = np.unique(live, return_counts=True)
+    if (counts > 1).any():
+        raise ValueError(f"state_indices repeats pool rows {uniq[counts > 1].tolist()[:8]}: two sequences "
+                         f"cannot update one state in place")
+
+
+@functools.lru_cache(maxsize=256)
+def _layout(strides: tuple) -> np.ndarray:
+    lay = np.zeros((), dtype=_LAYOUT_DTYPE)
+    lay["strides"] = strides
+    return lay
+
+
+def fused_recurrent_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scale: float | None = None,
+                        initial_state=None, state_indices=None, cu_seqlens=None, out=None, stream=None,
+                        check_indices: bool = False):
+    """One or a few KDA recurrent steps per sequence, updating a pool of states in place.
+
+    q, k, g [B, T, H, K], v [B, T, H, V], beta [B, T, H] (logits) bf16; A_log [H] and
+    dt_bias [H, K] or [H*K] fp32; K = V in {64, 128}. initial_state is the pool
+    [P, H, V, K] (fp32 or bf16) updated in place; state_indices [N] (int32/int64) picks each
+    sequence's row, a negative index marks a padding slot (zero outputs, no state touched);
+    without it sequence n uses row n. With cu_seqlens [N + 1] the tokens are packed (B = 1).
+    Tokens of a sequence are applied in order, one output per token: returns o [B, T, H, V].
+
+    Contract: non-negative state_indices are distinct and < P; the kernel never reads or
+    writes outside the pool (an index >= P is treated as padding), and `check_indices=True`
+    verifies both on the host (a synchronisation, so not for CUDA-graph capture).
+    """
+    named = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "A_log": A_log, "dt_bias": dt_bias}
+    arr = {n: as_device_array(x, n) for n, x in named.items()}
+    st = as_device_array(initial_state, "initial_state") if initial_state is not None else None
+    idx = as_device_array(state_indices, "state_indices") if state_indices is not None else None
+    cu = as_device_array(cu_seqlens, "cu_seqlens") if cu_seqlens is not None else None
+    oa = as_device_array(out, "out") if out is not None else None
+    p = validate_kda_decode(arr["q"], arr["k"], arr["v"], arr["g"], arr["beta"], arr["A_log"], arr["dt_bias"],
+                            st, idx, cu, oa)
+    scale = float(scale) if scale is not None else p.dim ** -0.5
+    if not (math.isfinite(scale) and math.isfinite(lower_bound)):
+        raise ValueError(f"scale and lower_bound must be finite; got {scale}, {lower_bound}")
+    if check_indices and state_indices is not None:
+        import cupy
+        check_state_indices(cupy.asnumpy(cupy.from_dlpack(state_indices)), p.pool_rows)
+    runtime.require_gpu()
+    qa = arr["q"]
+    dev = runtime.device_info(qa.device)
+    rpt = plan_rows_per_thread(p, dev.sm_count)
+    kernel = runtime.get_kernel(kda_decode_spec(p, rpt, dev.arch), qa.device, "kda_decode")
+    strm = launch_stream(qa, stream)
+    if out is None:
+        out = empty_like_framework(qa, (p.batch, p.tokens, p.heads, p.dim), "bfloat16")
+        oa = as_device_array(out, "out")
+    strides = tuple(s for n in ("q", "k", "g", "v") for s in arr[n].strides[:3]) + tuple(arr["beta"].strides) + \
+        tuple(oa.strides[:3])
+    i32 = np.int32
+    kernel.launch(
+        (p.dim // rows_per_cta(p, rpt), p.heads, p.sequences), (WARPS * 32, 1, 1),
+        (qa.ptr, arr["k"].ptr, arr["g"].ptr, arr["v"].ptr, arr["beta"].ptr, _layout(strides),
+         arr["A_log"].ptr, arr["dt_bias"].ptr, st.ptr, i32(p.pool_rows), idx.ptr if idx is not None else 0,
+         cu.ptr if cu is not None else 0, i32(p.tokens), oa.ptr, np.float32(lower_bound), np.float32(scale)),
+        0, strm)
+    return to_framework(qa, out)

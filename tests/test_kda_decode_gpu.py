@@ -1,0 +1,145 @@
+"""GPU tests of KDA decode (fused_recurrent_kda) against the float64 recurrent reference."""
+import numpy as np
+import pytest
+
+import pykda
+from pykda import reference
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+TOL = {"float32": 1e-2, "bfloat16": 2e-2}
+
+
+def make(B, T, H, K, P, state_dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=g, device="cuda")
+    bf = torch.bfloat16
+    x = dict(q=rnd(B, T, H, K).to(bf), k=rnd(B, T, H, K).to(bf), v=rnd(B, T, H, K).to(bf),
+             g=rnd(B, T, H, K).to(bf), beta=rnd(B, T, H).to(bf),
+             A_log=torch.log(torch.rand(H, generator=g, device="cuda") * 15 + 1),
+             dt_bias=0.1 * rnd(H, K))
+    pool = (0.1 * rnd(P, H, K, K)).to(getattr(torch, state_dtype))
+    return x, pool
+
+
+def f64(t):
+    return t.double().cpu().numpy()
+
+
+def reference_step(x, pool_before, rows, cu=None):
+    """Reference outputs and new states for sequences whose pool rows are `rows` (-1 = padding)."""
+    live = [i for i, r in enumerate(rows) if r >= 0]
+    o = np.zeros(tuple(x["v"].shape))
+    new = {}
+    for i in live:
+        sl = (slice(0, 1), slice(cu[i], cu[i + 1])) if cu is not None else (slice(i, i + 1),)
+        args = {n: f64(x[n][sl]) for n in ("q", "k", "v", "g", "beta")}
+        oi, si = reference.kda_recurrent(**args, A_log=f64(x["A_log"]), dt_bias=f64(x["dt_bias"]),
+                                         initial_state=f64(pool_before[rows[i]])[None])
+        o[sl] = oi
+        new[rows[i]] = si[0]
+    return o, new
+
+
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("K", [64, 128])
+@pytest.mark.parametrize("T", [1, 2, 7])
+@pytest.mark.parametrize("B", [1, 3, 64, 257])
+def test_matches_reference_with_random_and_padded_indices(B, T, K, state_dtype):
+    H, P = 4, B + 5
+    x, pool = make(B, T, H, K, P, state_dtype, seed=B * 100 + T * 10 + K)
+    perm = torch.randperm(P, device="cuda")[:B]
+    pad = torch.rand(B, device="cuda") < 0.25 if B > 1 else torch.zeros(1, dtype=torch.bool, device="cuda")
+    idx = torch.where(pad, -1, perm).to(torch.int32 if B % 2 else torch.int64)
+    before = pool.clone()
+    out = torch.full((B, T, H, K), float("nan"), dtype=torch.bfloat16, device="cuda")
+    o = pykda.fused_recurrent_kda(**x, initial_state=pool, state_indices=idx, out=out)
+    assert o is out
+    rows = idx.tolist()
+    o_ref, new = reference_step(x, before, rows)
+    assert torch.isfinite(o).all()
+    assert reference.relative_error(f64(o), o_ref) < TOL[state_dtype]
+    for r in range(P):
+        if r in new:
+            err = reference.relative_error(f64(pool[r]), new[r])
+            assert err < TOL[state_dtype], f"pool row {r}: {err:.2e}"
+        else:
+            assert torch.equal(pool[r], before[r]), f"untouched pool row {r} changed"
+    padded = [i for i, r in enumerate(rows) if r < 0]
+    assert (o[padded] == 0).all()
+
+
+def test_without_indices_row_n_is_sequence_n_and_cu_seqlens_packs():
+    H, K = 8, 128
+    x, pool = make(3, 2, H, K, 3, "float32", seed=11)
+    before = pool.clone()
+    o = pykda.fused_recurrent_kda(**x, initial_state=pool)
+    o_ref, new = reference_step(x, before, [0, 1, 2])
+    assert reference.relative_error(f64(o), o_ref) < 1e-2
+    assert all(reference.relative_error(f64(pool[r]), new[r]) < 1e-2 for r in range(3))
+    # packed: sequences of 1, 3 and 2 tokens in one row
+    xp, pool = make(1, 6, H, K, 4, "float32", seed=12)
+    before = pool.clone()
+    cu = torch.tensor([0, 1, 4, 6], dtype=torch.int32, device="cuda")
+    idx = torch.tensor([2, 0, 3], dtype=torch.int32, device="cuda")
+    o = pykda.fused_recurrent_kda(**xp, initial_state=pool, state_indices=idx, cu_seqlens=cu)
+    o_ref, new = reference_step(xp, before, [2, 0, 3], cu=[0, 1, 4, 6])
+    assert reference.relative_error(f64(o), o_ref) < 1e-2
+    assert all(reference.relative_error(f64(pool[r]), new[r]) < 1e-2 for r in (2, 0, 3))
+    assert torch.equal(pool[1], before[1])
+
+
+def test_decode_continues_a_prefill():
+    """Prefill of T tokens then decode of n tokens equals prefill of T + n."""
+    if not hasattr(pykda, "chunk_kda"):
+        pytest.fail("pykda.chunk_kda (KDA prefill) is not available")
+    H, K, T, n = 4, 128, 100, 3
+    x, _ = make(2, T + n, H, K, 2, "float32", seed=13)
+    common = dict(A_log=x["A_log"], dt_bias=x["dt_bias"])
+    seq = ("q", "k", "v", "g", "beta")
+    o_all, s_all = pykda.chunk_kda(*(x[s] for s in seq), **common, output_final_state=True,
+                                   initial_state=torch.zeros(2, H, K, K, device="cuda"))
+    _, s_pre = pykda.chunk_kda(*(x[s][:, :T] for s in seq), **common, output_final_state=True,
+                               initial_state=torch.zeros(2, H, K, K, device="cuda"))
+    o_dec = pykda.fused_recurrent_kda(*(x[s][:, T:] for s in seq), **common, initial_state=s_pre)
+    assert reference.relative_error(f64(o_dec), f64(o_all[:, T:])) < 1e-2
+    assert reference.relative_error(f64(s_pre), f64(s_all)) < 1e-2
+
+
+def test_cuda_graph_capture_and_replay():
+    H, K, B = 8, 128, 16
+    x, pool = make(B, 1, H, K, B, "float32", seed=14)
+    idx = torch.arange(B, device="cuda", dtype=torch.int32).flip(0)
+    out = torch.empty(B, 1, H, K, dtype=torch.bfloat16, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        pykda.fused_recurrent_kda(**x, initial_state=pool, state_indices=idx, out=out)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        pykda.fused_recurrent_kda(**x, initial_state=pool, state_indices=idx, out=out)
+    x2, _ = make(B, 1, H, K, B, "float32", seed=15)
+    for n in x:
+        x[n].copy_(x2[n])
+    before = pool.clone()
+    graph.replay()
+    torch.cuda.synchronize()
+    o_ref, new = reference_step(x, before, idx.tolist())
+    assert reference.relative_error(f64(out), o_ref) < 1e-2
+    assert all(reference.relative_error(f64(pool[r]), new[r]) < 1e-2 for r in range(B))
+
+
+def test_check_indices_catches_duplicates_and_out_of_range():
+    x, pool = make(3, 1, 4, 64, 4, "float32", seed=16)
+    with pytest.raises(ValueError, match="repeats pool rows"):
+        pykda.fused_recurrent_kda(**x, initial_state=pool, check_indices=True,
+                                  state_indices=torch.tensor([1, 1, 2], device="cuda"))
+    with pytest.raises(ValueError, match="out of range"):
+        pykda.fused_recurrent_kda(**x, initial_state=pool, check_indices=True,
+                                  state_indices=torch.tensor([1, 4, 2], device="cuda"))
+    # without the check an index >= P is skipped as padding: nothing outside the pool is touched
+    before = pool.clone()
+    o = pykda.fused_recurrent_kda(**x, initial_state=pool, state_indices=torch.tensor([9, -1, 7], device="cuda"))
+    torch.cuda.synchronize()
+    assert torch.equal(pool, before) and (o == 0).all()
