@@ -5,4 +5,4 @@ from .ops.kda import chunk_kda
 from .ops.kda_decode import fused_recurrent_kda
 
 __version__ = "0.1.0"
-__all__ = ["single_decode_with_kv_cache", "fused_recurrent_kda", "__version__"]
+__all__ = ["single_decode_with_kv_cache", "chunk_kda", "fused_recurrent_kda", "__version__"]

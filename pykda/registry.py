@@ -33,9 +33,27 @@ def kda_decode_specs(arch: str) -> Iterator[KernelSpec]:
             yield kda_decode_spec(KdaDecodeProblem(1, 1, 32, dim, 1, 1, state, "int32", "int64"), 1, arch)
 
 
+def kda_specs(arch: str) -> Iterator[KernelSpec]:
+    from .ops.kda import CHUNK_SIZES, HEAD_DIMS, KdaProblem, kda_specs as specs_of, plan_kda
+    problems = [KdaProblem(1, t, h, 128, n, n > 1, 16, "float32")
+                for h, t, n in ((96, 8192, 1), (96, 8192, 6), (96, 8192, 8), (64, 8192, 1), (64, 8192, 6),
+                                (64, 8192, 8), (32, 32768, 1), (32, 8192, 1), (8, 32768, 1), (16, 65536, 1),
+                                (4, 262144, 1))]
+    problems += [KdaProblem(b, t, h, d, n, n != b, c, "float32") for d in HEAD_DIMS for c in CHUNK_SIZES
+                 for b, t, h, n in ((2, 4096, 2, 2), (1, 5148, 2, 7), (1, 4096, 8, 1), (1, 100, 64, 1))]
+    for p in problems:
+        yield from specs_of(p, plan_kda(p, H200_SMS), arch)
+    for d in HEAD_DIMS:   # every V split the planner (or the `warps` override) can pick
+        for c in CHUNK_SIZES:
+            for w in (1, 2, 4, 8)[: 3 if d == 64 else 4]:
+                p = KdaProblem(1, 4096, 8, d, 1, False, c, "float32")
+                yield from specs_of(p, plan_kda(p, H200_SMS, warps=w), arch)
+
+
 FAMILIES: dict[str, Callable[[str], Iterator[KernelSpec]]] = {
     "decode": decode_specs,
     "kda_decode": kda_decode_specs,
+    "kda": kda_specs,
 }
 
 

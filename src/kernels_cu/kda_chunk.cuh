@@ -1,0 +1,56 @@
+// KDA prefill plumbing shared by kda_prepare and kda_recurrence: sequence bounds, the
+// per-(chunk, head) workspace record both kernels agree on, and the 1-D bulk copy.
+#pragma once
+#include "common.cuh"
+#include "ptx.cuh"
+
+// Per (chunk, head) record that kda_prepare writes and kda_recurrence streams in with one bulk
+// copy. [C][K] matrices of 16-bit values have 16-byte chunks XOR-swizzled by row (kda_swz),
+// so that ldmatrix of 8 rows hits 8 different bank groups.
+template <int K, int C> struct KdaRecord {
+  static constexpr int QD = 0;                     // bf16 [C][K]  scale·q̂·2^G
+  static constexpr int KD = QD + C * K * 2;        // bf16 [C][K]  k̂·2^G
+  static constexpr int KR = KD + C * K * 2;        // fp16 [C][K]  k̂·2^(G_C - G)
+  static constexpr int AB = KR + C * K * 2;        // fp16 [C][C]  (I + L)^-1 · diag(β)
+  static constexpr int MQK = AB + C * C * 2;       // fp16 [C][C]  lower_incl(qd · kiᵀ)
+  static constexpr int GAMMA = MQK + C * C * 2;    // fp32 [K]     2^G_C
+  static constexpr int BYTES = GAMMA + K * 4;      // a multiple of 16
+  static_assert(BYTES % 16 == 0 && K % 64 == 0, "record layout");
+};
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][K] 16-bit matrix.
+template <int K> PYKDA_DEVICE uint32_t kda_swz(int row, int chunk) {
+  return uint32_t(row * (K * 2) + ((chunk ^ (row & 7)) << 4));
+}
+// Byte offset of element (row, col).
+template <int K> PYKDA_DEVICE uint32_t kda_swz_elem(int row, int col) {
+  return kda_swz<K>(row, col >> 3) + uint32_t((col & 7) * 2);
+}
+
+// Token range [begin, end) of sequence n. Fixed length (cu == nullptr): batch row n, [0, T).
+// Varlen: row 0, [cu[n], cu[n+1]) clamped into [0, T] and to a non-negative length, so a
+// malformed cu_seqlens can never send a kernel out of bounds (its results are then undefined).
+PYKDA_DEVICE long long kda_cu_at(const void* cu, int cu_is64, int i) {
+  return cu_is64 ? static_cast<const long long*>(cu)[i] : (long long)static_cast<const int*>(cu)[i];
+}
+PYKDA_DEVICE void kda_seq_bounds(const void* cu, int cu_is64, int n, int T, int& begin, int& end) {
+  if (cu == nullptr) {
+    begin = 0;
+    end = T;
+    return;
+  }
+  long long b = kda_cu_at(cu, cu_is64, n), e = kda_cu_at(cu, cu_is64, n + 1);
+  b = b < 0 ? 0 : (b > T ? T : b);
+  e = e < b ? b : (e > T ? T : e);
+  begin = int(b);
+  end = int(e);
+}
+
+// 1-D bulk copy global -> shared of `bytes` (multiple of 16, both addresses 16-byte aligned),
+// completing on an mbarrier.
+PYKDA_DEVICE void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
