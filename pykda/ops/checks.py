@@ -1,6 +1,8 @@
 """Argument checks shared by the ops: each raises TypeError/ValueError naming the argument."""
 from __future__ import annotations
 
+import functools
+
 from ..runtime.arrays import DeviceArray
 
 ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8}
@@ -52,3 +54,24 @@ def check_contiguous(a: DeviceArray, name: str) -> None:
         step *= size
     if any(s != e for s, e, n in zip(a.strides, reversed(expected), a.shape) if n > 1):
         raise ValueError(f"{name} must be contiguous; got strides {a.strides} for shape {tuple(a.shape)}")
+
+
+def memoized(validate):
+    """Cache a validator of DeviceArrays (or None) on what it may look at: shapes, strides,
+    dtypes, devices and the pointers' alignment. A call that raises caches nothing."""
+    results: dict = {}
+
+    def seen(a):
+        return None if a is None else (tuple(a.shape), tuple(a.strides), a.dtype, a.device, a.ptr & 15)
+
+    @functools.wraps(validate)
+    def wrapper(*arrays, **named):
+        key = tuple(map(seen, arrays)) + tuple((n, seen(a)) for n, a in named.items())
+        hit = results.get(key)
+        if hit is None:
+            hit = validate(*arrays, **named)
+            if len(results) >= 4096:
+                results.clear()
+            results[key] = hit
+        return hit
+    return wrapper

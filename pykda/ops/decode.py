@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import runtime
 from ..runtime.arrays import DeviceArray, as_device_array, empty_like_framework, launch_stream, to_framework
-from .checks import (check_aligned, check_dtype, check_inner_contiguous, check_ndim, check_same_device,
+from .checks import (memoized, check_aligned, check_dtype, check_inner_contiguous, check_ndim, check_same_device,
                      check_shape)
 
 HEAD_DIMS = (64, 128, 256)
@@ -108,6 +108,7 @@ def decode_spec(p: DecodeProblem, plan: DecodePlan, arch: str) -> runtime.Kernel
         kernels=("decode_partial", "decode_merge"))
 
 
+@memoized
 def validate_decode(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceArray | None) -> DecodeProblem:
     """Check dtypes, ranks, shapes, head ratio, head dim, layout and alignment; no GPU needed."""
     check_ndim(q, "q", 2, "[num_qo_heads, head_dim]")
@@ -142,7 +143,7 @@ def validate_decode(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceA
     return DecodeProblem(kv_len=s, q_heads=hq, kv_heads=hkv, head_dim=d, dtype=q.dtype)
 
 
-def kv_tensor_map(a: DeviceArray, name: str) -> np.ndarray:
+def kv_tensor_map(a: DeviceArray, name: str) -> bytes:
     """3-D map (head_dim, kv_heads, kv_len) with 64-column, BLOCK_N-row, 128-byte-swizzled boxes."""
     s, h, d = a.shape
     item = 2

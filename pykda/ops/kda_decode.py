@@ -12,14 +12,13 @@ import numpy as np
 
 from .. import runtime
 from ..runtime.arrays import DeviceArray, as_device_array, empty_like_framework, launch_stream, to_framework
-from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim,
+from .checks import (memoized, check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim,
                      check_same_device, check_shape)
 
 KEY_DIMS = (64, 128)
 STATE_CTYPES = {"float32": "float", "bfloat16": "bf16_t"}
 INDEX_CTYPES = {"int32": "int", "int64": "long long"}
 WARPS = 4
-_LAYOUT_DTYPE = np.dtype([("strides", np.int64, (18,))])
 
 
 @dataclass(frozen=True)
@@ -60,6 +59,7 @@ def kda_decode_spec(p: KdaDecodeProblem, rpt: int, arch: str) -> runtime.KernelS
         "IDX_T": INDEX_CTYPES[p.index_dtype], "CU_T": INDEX_CTYPES[p.cu_dtype]}, arch, kernels=("kda_decode",))
 
 
+@memoized
 def validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out) -> KdaDecodeProblem:
     """Check dtypes, ranks, shapes, layouts and alignment of every argument; no GPU needed."""
     for name, a in (("q", q), ("k", k), ("g", g), ("v", v)):
@@ -142,10 +142,9 @@ def check_state_indices(indices: np.ndarray, pool_rows: int) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def _layout(strides: tuple) -> np.ndarray:
-    lay = np.zeros((), dtype=_LAYOUT_DTYPE)
-    lay["strides"] = strides
-    return lay
+def _layout(strides: tuple) -> bytes:
+    """The kernel's `Layout` struct: 18 element strides, passed by value."""
+    return np.asarray(strides, dtype=np.int64).tobytes()
 
 
 def fused_recurrent_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scale: float | None = None,

@@ -6,6 +6,8 @@ in the framework of a reference array. Nothing here synchronizes the host.
 """
 from __future__ import annotations
 
+import sys
+
 _TORCH_DTYPES: dict = {}   # torch.dtype -> name, filled on first torch tensor
 _NAMES = ("bfloat16", "float16", "float32", "float64", "int32", "int64", "uint8", "int8", "bool")
 
@@ -34,7 +36,8 @@ def _torch_dtype_name(dt) -> str:
 
 
 def _is_torch(x) -> bool:
-    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def _from_cupy(x, name: str, obj) -> DeviceArray:
@@ -51,8 +54,8 @@ def as_device_array(x, name: str) -> DeviceArray:
     if _is_torch(x):
         if not x.is_cuda:
             raise TypeError(f"{name} must be a CUDA tensor; got a torch tensor on {x.device}")
-        return DeviceArray(x.data_ptr(), tuple(x.shape), tuple(x.stride()), _torch_dtype_name(x.dtype),
-                           x.device.index, "torch", x)
+        return DeviceArray(x.data_ptr(), x.shape, x.stride(), _TORCH_DTYPES.get(x.dtype) or _torch_dtype_name(x.dtype),
+                           x.get_device(), "torch", x)
     mod = type(x).__module__
     if mod.startswith("cupy"):
         return _from_cupy(x, name, x)
@@ -88,7 +91,7 @@ def empty_like_framework(ref: DeviceArray, shape: tuple, dtype: str):
     (CuPy for DLPack producers; `to_framework` hands it back in theirs)."""
     if ref.framework == "torch":
         import torch
-        return torch.empty(shape, dtype=getattr(torch, dtype), device=ref.obj.device)
+        return ref.obj.new_empty(shape, dtype=getattr(torch, dtype))
     import cupy
     with cupy.cuda.Device(ref.device):
         return cupy.empty(shape, dtype=_cupy_dtype(dtype))
@@ -116,6 +119,7 @@ def launch_stream(ref: DeviceArray, stream=None) -> int:
         raise TypeError(f"stream must be an int handle, a CuPy or a torch stream; got {type(stream).__name__}")
     if ref.framework == "torch":
         import torch
-        return torch.cuda.current_stream(ref.device).cuda_stream
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        return raw(ref.device) if raw is not None else torch.cuda.current_stream(ref.device).cuda_stream
     import cupy
     return cupy.cuda.get_current_stream(ref.device).ptr

@@ -1,7 +1,7 @@
 """TMA tensor maps: checked in Python, encoded by the CUDA driver (cuTensorMapEncodeTiled).
 
 A map describes a box walk over a strided tensor of up to 5 dimensions; the kernel gets the
-128-byte encoding by value as a `const __grid_constant__ TensorMap` parameter.
+128-byte encoding (a `bytes` here) by value as a `const __grid_constant__ TensorMap` parameter.
 """
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def _driver():
     return fn
 
 
-def _encode(dtype: str, ptr: int, dims: tuple, strides: tuple, box: tuple, swizzle: int) -> np.ndarray:
+def _encode(dtype: str, ptr: int, dims: tuple, strides: tuple, box: tuple, swizzle: int) -> bytes:
     rank = len(dims)
     out = np.zeros((), dtype=_TENSOR_MAP_DTYPE)
     status = _driver()(
@@ -81,15 +81,15 @@ def _encode(dtype: str, ptr: int, dims: tuple, strides: tuple, box: tuple, swizz
     if status != 0:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUresult {status} "
                            f"(dims {dims}, strides {strides}, box {box})")
-    return out   # a 0-d array: CuPy passes it to the kernel by value
+    return out.tobytes()
 
 
-_encoded: dict[tuple, np.ndarray] = {}
+_encoded: dict[tuple, bytes] = {}
 
 
 def encode_tiled(name: str, dtype: str, ptr: int, dims: tuple, strides: tuple, box: tuple,
-                 swizzle: int = 0) -> np.ndarray:
-    """Check, then encode a tiled tensor map (memoized per geometry): a 0-d array of 128 bytes."""
+                 swizzle: int = 0) -> bytes:
+    """Check, then encode a tiled tensor map (memoized per geometry): its 128 bytes."""
     key = (dtype, ptr, dims, strides, box, swizzle)
     tmap = _encoded.get(key)
     if tmap is None:
