@@ -81,11 +81,11 @@ class KdaPlan:
 
 
 def plan_kda(p: KdaProblem, sm_count: int, warps: int | None = None, stages: int | None = None) -> KdaPlan:
-    """Split V across CTAs until sequences x heads x splits covers the SMs (16 rows minimum)."""
+    """Split V across CTAs until sequences x heads x splits covers ~all SMs (90%; 16 rows minimum)."""
     K, C = p.head_dim, p.chunk
     if warps is None:
         options = [w for w in (8, 4, 2, 1) if 16 * w <= K]
-        warps = next((w for w in options if p.n_seq * p.heads * (K // (16 * w)) >= sm_count), options[-1])
+        warps = next((w for w in options if p.n_seq * p.heads * (K // (16 * w)) >= 0.9 * sm_count), options[-1])
     if warps not in (1, 2, 4, 8) or 16 * warps > K:
         raise ValueError(f"warps must be 1, 2, 4 or 8 with 16·warps <= {K}; got {warps}")
     stages = stages or DEFAULT_STAGES[C]
