@@ -95,7 +95,8 @@ def plan_kda(p: KdaProblem, sm_count: int, warps: int | None = None, stages: int
                    rec_smem=recurrence_smem_bytes(K, C, warps, stages))
 
 
-def kda_specs(p: KdaProblem, plan: KdaPlan, arch: str, split_s: bool = SPLIT_S) -> tuple[runtime.KernelSpec, ...]:
+def kda_specs(p: KdaProblem, plan: KdaPlan, arch: str, split_s: bool | None = None) -> tuple[runtime.KernelSpec, ...]:
+    split_s = SPLIT_S if split_s is None else split_s
     prep = runtime.KernelSpec.make("kda_prepare", {"K": p.head_dim, "C": p.chunk}, arch,
                                    kernels=("kda_chunk_offsets", "kda_prepare"))
     rec = runtime.KernelSpec.make("kda_recurrence", {"K": p.head_dim, "C": p.chunk, "WARPS": plan.warps,
