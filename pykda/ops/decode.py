@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,8 +26,7 @@ DEFAULT_STAGES = {64: 4, 128: 3, 256: 3}
 _REGS_GUESS = {64: 96, 128: 152, 256: 240}   # per thread, for the occupancy estimate
 
 
-@dataclass(frozen=True)
-class DecodeProblem:
+class DecodeProblem(NamedTuple):
     kv_len: int
     q_heads: int
     kv_heads: int
@@ -143,6 +143,18 @@ def validate_decode(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceA
     return DecodeProblem(kv_len=s, q_heads=hq, kv_heads=hkv, head_dim=d, dtype=q.dtype)
 
 
+@functools.lru_cache(maxsize=1024)
+def _kernels_for(p: DecodeProblem, device: int, chunk_size: int | None, stages: int | None):
+    """The plan and the compiled partial and merge kernels for `p` on `device`."""
+    dev = runtime.device_info(device)
+    plan = plan_decode(p, dev.sm_count, dev.smem_per_sm, chunk_size, stages)
+    if plan.smem > dev.smem_per_block_optin:
+        raise ValueError(f"stages={plan.stages} needs {plan.smem} bytes of shared memory per block; "
+                         f"the device allows {dev.smem_per_block_optin}")
+    spec = decode_spec(p, plan, dev.arch)
+    return plan, runtime.get_kernel(spec, device, "decode_partial"), runtime.get_kernel(spec, device, "decode_merge")
+
+
 def kv_tensor_map(a: DeviceArray, name: str) -> bytes:
     """3-D map (head_dim, kv_heads, kv_len) with 64-column, BLOCK_N-row, 128-byte-swizzled boxes."""
     s, h, d = a.shape
@@ -171,13 +183,7 @@ def single_decode_with_kv_cache(q, k, v, *, scale: float | None = None, out=None
     if stages is not None and stages not in (2, 3, 4, 5, 6, 7, 8):
         raise ValueError(f"stages must be in 2..8; got {stages}")
     runtime.require_gpu()
-    dev = runtime.device_info(qa.device)
-    plan = plan_decode(p, dev.sm_count, dev.smem_per_sm, chunk_size, stages)
-    if plan.smem > dev.smem_per_block_optin:
-        raise ValueError(f"stages={plan.stages} needs {plan.smem} bytes of shared memory per block; "
-                         f"the device allows {dev.smem_per_block_optin}")
-    spec = decode_spec(p, plan, dev.arch)
-    partial = runtime.get_kernel(spec, qa.device, "decode_partial")
+    plan, partial, merge = _kernels_for(p, qa.device, chunk_size, stages)
     strm = launch_stream(qa, stream)
 
     if out is None:
@@ -198,7 +204,6 @@ def single_decode_with_kv_cache(q, k, v, *, scale: float | None = None, out=None
          i32(plan.heads_per_cta), np.float32(scale), ws_o, ws_lse, oa.ptr, np.int64(oa.strides[0]), lse_ptr),
         plan.smem, strm)
     if plan.split:
-        merge = runtime.get_kernel(spec, qa.device, "decode_merge")
         merge.launch((p.q_heads, 1, 1), (128, 1, 1),
                      (ws_o, ws_lse, i32(plan.n_chunks), oa.ptr, np.int64(oa.strides[0]), lse_ptr),
                      plan.n_chunks * 4, strm)

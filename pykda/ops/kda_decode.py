@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -21,8 +21,7 @@ INDEX_CTYPES = {"int32": "int", "int64": "long long"}
 WARPS = 4
 
 
-@dataclass(frozen=True)
-class KdaDecodeProblem:
+class KdaDecodeProblem(NamedTuple):
     batch: int          # B (1 with cu_seqlens)
     tokens: int         # T
     heads: int
@@ -142,6 +141,15 @@ def check_state_indices(indices: np.ndarray, pool_rows: int) -> None:
 
 
 @functools.lru_cache(maxsize=256)
+def _kernel_for(p: KdaDecodeProblem, device: int) -> tuple[runtime.Kernel, tuple[int, int, int]]:
+    """The compiled kernel for problem `p` on `device` and its grid (compiled on first use)."""
+    dev = runtime.device_info(device)
+    rpt = plan_rows_per_thread(p, dev.sm_count)
+    kernel = runtime.get_kernel(kda_decode_spec(p, rpt, dev.arch), device, "kda_decode")
+    return kernel, (p.dim // rows_per_cta(p, rpt), p.heads, p.sequences)
+
+
+@functools.lru_cache(maxsize=256)
 def _layout(strides: tuple) -> bytes:
     """The kernel's `Layout` struct: 18 element strides, passed by value."""
     return np.asarray(strides, dtype=np.int64).tobytes()
@@ -163,14 +171,13 @@ def fused_recurrent_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float 
     writes outside the pool (an index >= P is treated as padding), and `check_indices=True`
     verifies both on the host (a synchronisation, so not for CUDA-graph capture).
     """
-    named = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "A_log": A_log, "dt_bias": dt_bias}
-    arr = {n: as_device_array(x, n) for n, x in named.items()}
+    qa, ka, va, ga = (as_device_array(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (g, "g")))
+    ba, al, dt = as_device_array(beta, "beta"), as_device_array(A_log, "A_log"), as_device_array(dt_bias, "dt_bias")
     st = as_device_array(initial_state, "initial_state") if initial_state is not None else None
     idx = as_device_array(state_indices, "state_indices") if state_indices is not None else None
     cu = as_device_array(cu_seqlens, "cu_seqlens") if cu_seqlens is not None else None
     oa = as_device_array(out, "out") if out is not None else None
-    p = validate_kda_decode(arr["q"], arr["k"], arr["v"], arr["g"], arr["beta"], arr["A_log"], arr["dt_bias"],
-                            st, idx, cu, oa)
+    p = validate_kda_decode(qa, ka, va, ga, ba, al, dt, st, idx, cu, oa)
     scale = float(scale) if scale is not None else p.dim ** -0.5
     if not (math.isfinite(scale) and math.isfinite(lower_bound)):
         raise ValueError(f"scale and lower_bound must be finite; got {scale}, {lower_bound}")
@@ -178,21 +185,15 @@ def fused_recurrent_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float 
         import cupy
         check_state_indices(cupy.asnumpy(cupy.from_dlpack(state_indices)), p.pool_rows)
     runtime.require_gpu()
-    qa = arr["q"]
-    dev = runtime.device_info(qa.device)
-    rpt = plan_rows_per_thread(p, dev.sm_count)
-    kernel = runtime.get_kernel(kda_decode_spec(p, rpt, dev.arch), qa.device, "kda_decode")
+    kernel, grid = _kernel_for(p, qa.device)
     strm = launch_stream(qa, stream)
     if out is None:
         out = empty_like_framework(qa, (p.batch, p.tokens, p.heads, p.dim), "bfloat16")
         oa = as_device_array(out, "out")
-    strides = tuple(s for n in ("q", "k", "g", "v") for s in arr[n].strides[:3]) + tuple(arr["beta"].strides) + \
-        tuple(oa.strides[:3])
-    i32 = np.int32
-    kernel.launch(
-        (p.dim // rows_per_cta(p, rpt), p.heads, p.sequences), (WARPS * 32, 1, 1),
-        (qa.ptr, arr["k"].ptr, arr["g"].ptr, arr["v"].ptr, arr["beta"].ptr, _layout(strides),
-         arr["A_log"].ptr, arr["dt_bias"].ptr, st.ptr, i32(p.pool_rows), idx.ptr if idx is not None else 0,
-         cu.ptr if cu is not None else 0, i32(p.tokens), oa.ptr, np.float32(lower_bound), np.float32(scale)),
-        0, strm)
+    layout = _layout(qa.strides[:3] + ka.strides[:3] + ga.strides[:3] + va.strides[:3] + ba.strides + oa.strides[:3])
+    kernel.launch(grid, (WARPS * 32, 1, 1),
+                  (qa.ptr, ka.ptr, ga.ptr, va.ptr, ba.ptr, layout, al.ptr, dt.ptr, st.ptr, np.int32(p.pool_rows),
+                   idx.ptr if idx is not None else 0, cu.ptr if cu is not None else 0, np.int32(p.tokens), oa.ptr,
+                   np.float32(lower_bound), np.float32(scale)),
+                  0, strm)
     return to_framework(qa, out)

@@ -1,10 +1,9 @@
 """Loading cubins through CuPy and launching their kernels with the CUDA driver API.
 
-Kernel parameters are packed into one buffer (cuLaunchKernel's CU_LAUNCH_PARAM_BUFFER_POINTER),
-laid out as the CUDA ABI does: each parameter at its natural alignment, tensor maps at 64
-bytes. Python values map to parameter types by their type: `int` -> 64-bit (pointers),
-np.int32 -> int, np.int64 -> long long, np.float32 -> float, `bytes` or a 0-d NumPy array
--> a struct passed by value (128 bytes: a tensor map, 64-byte aligned; others 8-byte aligned).
+Kernel parameters are packed into one buffer laid out as the CUDA ABI does (each parameter
+at its natural alignment, tensor maps at 64 bytes); cuLaunchKernel gets a pointer to each. Python values map to parameter types by their type: `int` -> 64-bit (pointers),
+np.int32 -> int, np.int64 -> long long, np.float32 -> float, `bytes` -> a struct passed by
+value (128 bytes: a tensor map, 64-byte aligned; others 8-byte aligned).
 """
 from __future__ import annotations
 
@@ -39,62 +38,75 @@ def _error_name(code: int) -> str:
     return s.value.decode() if s.value else str(code)
 
 
-@functools.lru_cache(maxsize=1024)
-def param_layout(kinds: tuple) -> struct.Struct:
-    """The packed parameter buffer for parameter kinds ((type, byte length) per parameter)."""
-    fmt, offset = "<", 0
-    for typ, length in kinds:
+def param_layout(args: tuple) -> tuple[struct.Struct, tuple[int, ...]]:
+    """The packed parameter buffer for `args` (laid out by their types and, for structs,
+    byte lengths) and each parameter's offset in it."""
+    fmt, offset, offsets = "<", 0, []
+    for a in args:
+        typ = type(a)
         if typ in _SCALARS:
             code, size = _SCALARS[typ]
             align = size
-        elif typ in (bytes, np.ndarray):
-            code, size = f"{length}s", length
-            align = 64 if length == 128 else 8
+        elif typ is bytes:
+            code, size = f"{len(a)}s", len(a)
+            align = 64 if size == 128 else 8
         else:
             raise TypeError(f"unsupported kernel argument type {typ.__name__}")
         pad = -offset % align
         fmt += "x" * pad + code
+        offsets.append(offset + pad)
         offset += pad + size
-    return struct.Struct(fmt + "x" * (-offset % 8))
+    return struct.Struct(fmt), tuple(offsets)
 
 
-def pack_params(args: tuple) -> bytes:
-    values = [a.tobytes() if type(a) is np.ndarray else a for a in args]
-    kinds = tuple((type(a), len(v) if type(v) is bytes else 0) for a, v in zip(args, values))
-    return param_layout(kinds).pack(*values)
+class _ParamBuffer:
+    """A kernel's parameter buffer and the pointer array into it, reused across launches
+    (the driver copies the parameters during cuLaunchKernel)."""
+    __slots__ = ("layout", "buffer", "pointers")
+
+    def __init__(self, args: tuple):
+        self.layout, offsets = param_layout(args)
+        self.buffer = ctypes.create_string_buffer(self.layout.size)
+        base = ctypes.addressof(self.buffer)
+        self.pointers = (ctypes.c_void_p * len(offsets))(*[base + o for o in offsets])
 
 
 class Kernel:
     """One `extern "C"` kernel of a loaded module."""
-    __slots__ = ("name", "function", "device", "_smem_limit", "_lock")
+    __slots__ = ("name", "function", "handle", "device", "_smem_limit", "_lock", "_params")
 
     def __init__(self, function, name: str, device: int):
         self.function, self.name, self.device = function, name, device
+        self.handle = function.ptr
         self._smem_limit = 48 * 1024
         self._lock = threading.Lock()
+        self._params: dict[tuple, _ParamBuffer] = {}
 
     @property
     def num_regs(self) -> int:
         from cupy.cuda import driver
-        return driver.funcGetAttribute(_NUM_REGS_ATTR, self.function.ptr)
+        return driver.funcGetAttribute(_NUM_REGS_ATTR, self.handle)
 
     def launch(self, grid: tuple, block: tuple, args: tuple, smem: int, stream: int) -> None:
         """Asynchronous launch on the stream handle `stream` (no host synchronisation)."""
-        if smem > self._smem_limit:
-            from cupy.cuda import driver
-            with self._lock:
-                driver.funcSetAttribute(self.function.ptr, _MAX_DYNAMIC_SMEM_ATTR, smem)
-                self._smem_limit = max(self._smem_limit, smem)
-        buf = ctypes.create_string_buffer(pack_params(args))
-        size = ctypes.c_size_t(len(buf) - 1)
-        extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(buf), 2, ctypes.addressof(size), 0)
-        launch = _driver()[0]
-        call = (self.function.ptr, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream, None, extra)
-        status = launch(*call)
-        if status == _ERROR_INVALID_CONTEXT:   # a thread without a current context: take the device's
-            import cupy
-            with cupy.cuda.Device(self.device):
-                status = launch(*call)
+        with self._lock:
+            if smem > self._smem_limit:
+                from cupy.cuda import driver
+                driver.funcSetAttribute(self.handle, _MAX_DYNAMIC_SMEM_ATTR, smem)
+                self._smem_limit = smem
+            key = tuple(len(a) if type(a) is bytes else type(a) for a in args)
+            params = self._params.get(key)
+            if params is None:
+                params = self._params[key] = _ParamBuffer(args)
+            params.layout.pack_into(params.buffer, 0, *args)
+            launch = _driver()[0]
+            call = (self.handle, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream,
+                    params.pointers, None)
+            status = launch(*call)
+            if status == _ERROR_INVALID_CONTEXT:   # a thread without a current context: take the device's
+                import cupy
+                with cupy.cuda.Device(self.device):
+                    status = launch(*call)
         if status != 0:
             raise RuntimeError(f"cuLaunchKernel({self.name}) failed: {_error_name(status)} "
                                f"(grid {grid}, block {block}, {smem} bytes of shared memory)")
