@@ -23,13 +23,14 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
 
 
 def kda_decode_specs(arch: str) -> Iterator[KernelSpec]:
-    from .ops.kda_decode import INDEX_CTYPES, KEY_DIMS, STATE_CTYPES, KdaDecodeProblem, kda_decode_spec
+    from .ops.kda_decode import INDEX_CTYPES, KEY_DIMS, STATE_CTYPES, KdaDecodeProblem, kda_decode_spec, rows_per_cta
     for dim in KEY_DIMS:
         for state in STATE_CTYPES:
-            for rpt in (1, 2, 4):
-                for idx in INDEX_CTYPES:
-                    p = KdaDecodeProblem(1, 1, 32, dim, 1, 1, state, idx, "int32")
-                    yield kda_decode_spec(p, rpt, arch)
+            for idx in INDEX_CTYPES:
+                p = KdaDecodeProblem(1, 1, 32, dim, 1, 1, state, idx, "int32")
+                for rpt in (1, 2, 4, 8):
+                    if rows_per_cta(p, rpt) <= dim:
+                        yield kda_decode_spec(p, rpt, arch)
             yield kda_decode_spec(KdaDecodeProblem(1, 1, 32, dim, 1, 1, state, "int32", "int64"), 1, arch)
 
 

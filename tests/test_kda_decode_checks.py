@@ -74,6 +74,6 @@ def test_plan_fills_the_gpu_and_tiles_v(state, dim):
         rows = rows_per_cta(p, rpt)
         assert dim % rows == 0
         if batch >= 64:
-            assert rpt == 4
+            assert rpt >= 4 and rows_per_cta(p, 2 * rpt) > dim or rpt == 8
         if batch == 1:
             assert batch * 32 * dim // rows >= 128, "about a CTA per SM at B = 1"

@@ -37,11 +37,9 @@ class KdaDecodeProblem(NamedTuple):
 def plan_rows_per_thread(p: KdaDecodeProblem, sm_count: int) -> int:
     """Rows each lane group carries: as many as keep >= 2 CTAs per SM (more rows, more
     independent loads in flight per thread), down to 1 for small batches."""
-    elems = 16 // (4 if p.state_dtype == "float32" else 2)
-    groups = 32 // (p.dim // elems)
-    for rpt in (4, 2, 1):
-        ctas = p.sequences * p.heads * (p.dim // (WARPS * groups * rpt))
-        if ctas >= 2 * sm_count:
+    for rpt in (8, 4, 2, 1):
+        rows = rows_per_cta(p, rpt)
+        if rows <= p.dim and p.sequences * p.heads * (p.dim // rows) >= 2 * sm_count:
             return rpt
     return 1
 
