@@ -66,3 +66,12 @@ PYKDA_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::
 PYKDA_DEVICE void named_barrier(int id, int count) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
+
+// Contiguous global -> shared bulk copy (no tensor map), completing on an mbarrier.
+// dst, src 16-byte aligned; bytes a multiple of 16.
+PYKDA_DEVICE void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_addr(dst)),
+               "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
