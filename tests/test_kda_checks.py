@@ -235,3 +235,55 @@ def test_kda_family_is_registered():
     assert templates == {"kda_prepare", "kda_recurrence"}
     rec = [s.param_dict for s in specs if s.template == "kda_recurrence"]
     assert {(r["K"], r["C"], r["WARPS"]) for r in rec} >= {(128, 16, w) for w in (1, 2, 4, 8)}
+
+
+# ---- the launch sequence, offline: fake device, workspace and kernels ----
+class _FakeKernel:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def launch(self, grid, block, args, smem, stream):
+        from pykda.runtime.launch import param_layout
+        param_layout(args)   # every argument has a kernel parameter type
+        self.log.append((self.name, grid, block, smem, args))
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    from pykda import runtime
+    from pykda.ops import kda
+    from pykda.runtime.device import DeviceInfo
+    log = []
+    info = DeviceInfo(0, "fake H200", (9, 0), 132, 232448, 233472, 60 << 20)
+    monkeypatch.setattr(runtime, "require_gpu", lambda: None)
+    monkeypatch.setattr(runtime, "device_info", lambda i: info)
+    monkeypatch.setattr(runtime, "workspace", lambda d, s, n: 1 << 32)
+    monkeypatch.setattr(runtime, "get_kernel", lambda spec, dev, name: _FakeKernel(name, log))
+    monkeypatch.setattr(runtime, "encode_tiled", lambda *a, **k: bytes(128))
+    monkeypatch.setattr(kda, "as_device_array", lambda x, name: x)
+    monkeypatch.setattr(kda, "launch_stream", lambda ref, stream=None: 0)
+    monkeypatch.setattr(kda, "to_framework", lambda ref, x: x)
+    monkeypatch.setattr(kda, "empty_like_framework", lambda ref, shape, dtype: arr(shape, dtype, ptr=BASE * 2))
+    return log
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+@pytest.mark.parametrize("state", [None, "float32", "bfloat16"])
+def test_launch_sequence_offline(offline, varlen, state):
+    B, T, H, K = (1, 100, 4, 128) if varlen else (2, 100, 4, 128)
+    N = 3 if varlen else B
+    a = good(B=B, T=T, H=H, K=K)
+    cu = arr((N + 1,), "int64") if varlen else None
+    s0 = arr((N, H, K, K), state) if state else None
+    o, fs = pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], A_log=a["A_log"], dt_bias=a["dt_bias"],
+                            initial_state=s0, output_final_state=state is not None, cu_seqlens=cu)
+    names = [entry[0] for entry in offline]
+    assert names == (["kda_chunk_offsets"] if varlen else []) + ["kda_prepare", "kda_recurrence"]
+    prep, rec = offline[-2], offline[-1]
+    assert prep[1] == ((T // 16 + 1 + N) if varlen else B * 7, H, 1)
+    warps = rec[2][0] // 32 - 1
+    assert rec[1] == (K // (16 * warps), H, N)
+    assert tuple(o.shape) == (B, T, H, K)
+    assert (fs is None) == (state is None)
+    if state:
+        assert fs.dtype == state and tuple(fs.shape) == (N, H, K, K)

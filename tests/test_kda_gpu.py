@@ -91,6 +91,20 @@ def test_long_sequence_accuracy(C):
     assert err <= TOL and serr <= TOL, (err, serr)
 
 
+@pytest.mark.parametrize("warps, stages, C", [(2, 2, 16), (4, 3, 16), (8, 4, 16), (8, 2, 32), (4, 3, 32)])
+def test_planner_overrides_give_the_same_answer(warps, stages, C):
+    lengths = [77, 0, 300, 16]
+    lb = LOWER_BOUND[C]
+    x, s0 = make(1, sum(lengths), 3, 128, seed=warps * 10 + stages, state_dtype="float32", N=4)
+    cu = cu_of(lengths)
+    o, fs = run(x, cu_seqlens=cu, initial_state=s0, output_final_state=True, warps=warps, stages=stages,
+                chunk_size=C, lower_bound=lb)
+    o1, fs1 = run(x, cu_seqlens=cu, initial_state=s0, output_final_state=True, warps=1, chunk_size=C, lower_bound=lb)
+    assert torch.equal(o, o1) and torch.equal(fs, fs1), "V splits are independent: identical results"
+    o_ref, s_ref = ref(x, lb, s0, cu)
+    assert rel(o, o_ref) <= TOL and rel(fs, s_ref) <= TOL
+
+
 def test_small_against_reference_no_state():   # the racecheck case (-k small)
     x, _ = make(1, 40, 1, 64, seed=3)
     o, _ = run(x)

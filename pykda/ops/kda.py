@@ -46,7 +46,14 @@ def record_bytes(K: int, C: int) -> int:
 
 
 def prepare_smem_bytes(K: int, C: int) -> int:
-    return 3 * C * (K + 8) * 4 + record_bytes(K, C) + C * (C + 1) * 4
+    """All of kda_prepare's shared memory is dynamic (SMEM_BYTES in the template)."""
+    return 3 * C * (K + 8) * 4 + C * (C + 1) * 4 + K * 4 + C * 4 + 2 * C * C * 2
+
+
+def _above_static_margin(smem: int) -> int:
+    """Dynamic smem just under 48 KB plus a kernel's static smem can exceed the default limit
+    without the opt-in the launcher only sets above 48 KB: step over that gap."""
+    return 48 * 1024 + 16 if 48 * 1024 - 512 < smem <= 48 * 1024 else smem
 
 
 def recurrence_smem_bytes(K: int, C: int, warps: int, stages: int) -> int:
@@ -91,8 +98,9 @@ def plan_kda(p: KdaProblem, sm_count: int, warps: int | None = None, stages: int
     stages = stages or DEFAULT_STAGES[C]
     cps = -(-p.seq_len // C)
     slots = cps + p.n_seq if p.varlen else p.batch * cps
-    return KdaPlan(warps=warps, stages=stages, chunk_slots=slots, prep_smem=prepare_smem_bytes(K, C),
-                   rec_smem=recurrence_smem_bytes(K, C, warps, stages))
+    return KdaPlan(warps=warps, stages=stages, chunk_slots=slots,
+                   prep_smem=_above_static_margin(prepare_smem_bytes(K, C)),
+                   rec_smem=_above_static_margin(recurrence_smem_bytes(K, C, warps, stages)))
 
 
 def kda_specs(p: KdaProblem, plan: KdaPlan, arch: str, split_s: bool | None = None) -> tuple[runtime.KernelSpec, ...]:
@@ -156,6 +164,7 @@ def validate_kda(q: DeviceArray, k: DeviceArray, v: DeviceArray, g: DeviceArray,
     if tuple(dt_bias.shape) not in ((H, K), (H * K,)):
         raise ValueError(f"dt_bias must have shape [H, K] = {(H, K)} or [H*K] = ({H * K},); got {tuple(dt_bias.shape)}")
     check_contiguous(dt_bias, "dt_bias")
+    check_aligned(dt_bias, "dt_bias", 16)
 
     if cu_seqlens is not None:
         check_dtype(cu_seqlens, "cu_seqlens", CU_DTYPES)
@@ -279,7 +288,7 @@ def chunk_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, sc
             (*strides, Aa.ptr, da.ptr, cu_ptr, i32(cu_is64), i32(N), i32(T), chunk_off,
              np.float32(lower_bound), np.float32(scale), records),
             plan.prep_smem, strm)
-    vmap = v_tensor_map(va, plan.v_split, C) if T > 0 else np.zeros((), dtype=np.dtype((np.void, 128)))
+    vmap = v_tensor_map(va, plan.v_split, C) if T > 0 else bytes(128)   # never read without chunks
     runtime.get_kernel(rec_spec, qa.device, "kda_recurrence").launch(
         (K // plan.v_split, H, N), ((plan.warps + 1) * 32, 1, 1),
         (vmap, records, chunk_off, cu_ptr, i32(cu_is64), i32(T),

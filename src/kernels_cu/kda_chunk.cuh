@@ -48,7 +48,7 @@ PYKDA_DEVICE void kda_seq_bounds(const void* cu, int cu_is64, int n, int T, int&
 
 // 1-D bulk copy global -> shared of `bytes` (multiple of 16, both addresses 16-byte aligned),
 // completing on an mbarrier.
-PYKDA_DEVICE void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+PYKDA_DEVICE void kda_bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
       "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_addr(bar))
