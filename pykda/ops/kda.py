@@ -10,10 +10,12 @@ validate -> plan (V split, pipeline) -> specs -> kernels -> workspace + tensor m
 3. `kda_recurrence`, grid (V / VS, H, N): the chunk recurrence with an fp32 state slice of
    VS rows on chip, fed by a TMA/bulk-copy pipeline.
 
-cu_seqlens contract (its values live on the device and are never read by the host): it must
-start at 0, be non-decreasing and end at T. The kernels clamp every sequence into [0, T] with a
-non-negative length, so a malformed cu_seqlens cannot make them access memory out of bounds,
-but the results for such input are undefined.
+cu_seqlens contract (its values live on the device and are never read by the host, so they are
+not checked — only dtype, rank, contiguity and B = 1 are): non-decreasing values within [0, T].
+fla's convention (start at 0, end at T) is the usual case; gaps at either end are allowed and
+those output rows are never written. The kernels clamp every sequence into [0, T] with a
+non-negative length, so a malformed cu_seqlens (decreasing, out of range) can never make them
+access memory out of bounds, but the results for such input are undefined.
 """
 from __future__ import annotations
 
