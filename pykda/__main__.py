@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("name")
     r.add_argument("params", nargs="*", help="KEY=VALUE template parameters")
     b = sub.add_parser("bench", help="benchmarks against peers on the GPU")
-    b.add_argument("op", choices=["decode", "kda-decode"])
+    b.add_argument("op", choices=["decode", "kda", "kda-decode"])
     b.add_argument("--chunk-size", default=None, help="comma list of chunk sizes to sweep")
     b.add_argument("--stages", default=None, help="comma list of pipeline depths to sweep")
     b.add_argument("--quick", action="store_true", help="fewer shapes and repeats")

@@ -23,17 +23,15 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
 
 
 def kda_decode_specs(arch: str) -> Iterator[KernelSpec]:
-    from .ops.kda_decode import (INDEX_CTYPES, KEY_DIMS, MAX_TILE_BYTES, STATE_CTYPES, KdaDecodeProblem,
-                                 kda_decode_spec)
+    from .ops.kda_decode import INDEX_CTYPES, KEY_DIMS, STATE_CTYPES, KdaDecodeProblem, kda_decode_spec, rows_per_cta
     for dim in KEY_DIMS:
         for state in STATE_CTYPES:
             for idx in INDEX_CTYPES:
-                for tokens in (1, 2, 8):
-                    p = KdaDecodeProblem(1, tokens, 32, dim, 1, 1, state, idx, "int32")
-                    for rows in (16, 32, 64):
-                        if rows <= dim and rows * dim * (4 if state == "float32" else 2) <= MAX_TILE_BYTES:
-                            yield kda_decode_spec(p, rows, arch)
-            yield kda_decode_spec(KdaDecodeProblem(1, 4, 32, dim, 1, 1, state, "int32", "int64"), 16, arch)
+                p = KdaDecodeProblem(1, 1, 32, dim, 1, 1, state, idx, "int32")
+                for rpt in (1, 2, 4, 8):
+                    if rows_per_cta(p, rpt) <= dim:
+                        yield kda_decode_spec(p, rpt, arch)
+            yield kda_decode_spec(KdaDecodeProblem(1, 1, 32, dim, 1, 1, state, "int32", "int64"), 1, arch)
 
 
 def kda_specs(arch: str) -> Iterator[KernelSpec]:

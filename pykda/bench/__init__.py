@@ -9,8 +9,8 @@ import time
 def main(args) -> int:
     from .. import runtime
     runtime.require_gpu()
-    from . import decode, kda_decode
-    runner = {"decode": decode.run, "kda-decode": kda_decode.run}[args.op]
+    from . import decode, kda, kda_decode
+    runner = {"decode": decode.run, "kda": kda.run, "kda-decode": kda_decode.run}[args.op]
     results = runner(args)
     meta = environment()
     with open(args.json, "w") as f:

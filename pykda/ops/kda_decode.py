@@ -1,6 +1,6 @@
 """KDA decode over a pool of states: `fused_recurrent_kda` (names as in fla).
 
-validate -> plan (rows per CTA, tokens per pass) -> spec -> kernel -> layout struct -> launch.
+validate -> plan (rows per CTA) -> spec -> kernel -> layout struct -> launch.
 """
 from __future__ import annotations
 
@@ -33,35 +33,26 @@ class KdaDecodeProblem(NamedTuple):
     cu_dtype: str       # of cu_seqlens ('int32' when absent)
 
 
-MAX_TILE_BYTES = 16 * 1024   # state tile per CTA: small tiles keep many CTAs, and bytes, in flight per SM
-MAX_TOKEN_BLOCK = 8          # tokens prepared per pass
+@functools.lru_cache(maxsize=256)
+def plan_rows_per_thread(p: KdaDecodeProblem, sm_count: int) -> int:
+    """Rows each lane group carries: as many as keep >= 2 CTAs per SM (more rows, more
+    independent loads in flight per thread), down to 1 for small batches."""
+    for rpt in (8, 4, 2, 1):
+        rows = rows_per_cta(p, rpt)
+        if rows <= p.dim and p.sequences * p.heads * (p.dim // rows) >= 2 * sm_count:
+            return rpt
+    return 1
+
+
+def rows_per_cta(p: KdaDecodeProblem, rpt: int) -> int:
+    elems = 16 // (4 if p.state_dtype == "float32" else 2)
+    return WARPS * (32 // (p.dim // elems)) * rpt
 
 
 @functools.lru_cache(maxsize=256)
-def plan_rows(p: KdaDecodeProblem, sm_count: int) -> int:
-    """State rows per CTA: the largest tile (up to 16 KB) that still gives >= 2 CTAs per SM."""
-    item = 4 if p.state_dtype == "float32" else 2
-    for rows in (64, 32, 16):
-        if rows <= p.dim and rows * p.dim * item <= MAX_TILE_BYTES and \
-                p.sequences * p.heads * (p.dim // rows) >= 2 * sm_count:
-            return rows
-    return 16
-
-
-def token_block(p: KdaDecodeProblem) -> int:
-    return min(p.tokens, MAX_TOKEN_BLOCK)
-
-
-def smem_bytes(p: KdaDecodeProblem, rows: int) -> int:
-    """The state tile, then the prepared tokens (q̂, k̂, decay per key; v, o per row; β)."""
-    tb, item = token_block(p), 4 if p.state_dtype == "float32" else 2
-    return rows * p.dim * item + 4 * (3 * tb * p.dim + 2 * tb * rows + tb)
-
-
-@functools.lru_cache(maxsize=256)
-def kda_decode_spec(p: KdaDecodeProblem, rows: int, arch: str) -> runtime.KernelSpec:
+def kda_decode_spec(p: KdaDecodeProblem, rpt: int, arch: str) -> runtime.KernelSpec:
     return runtime.KernelSpec.make("kda_decode", {
-        "K": p.dim, "STATE": STATE_CTYPES[p.state_dtype], "ROWS": rows, "TOKEN_BLOCK": token_block(p),
+        "K": p.dim, "STATE": STATE_CTYPES[p.state_dtype], "RPT": rpt,
         "IDX_T": INDEX_CTYPES[p.index_dtype], "CU_T": INDEX_CTYPES[p.cu_dtype]}, arch, kernels=("kda_decode",))
 
 
@@ -148,12 +139,12 @@ def check_state_indices(indices: np.ndarray, pool_rows: int) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def _kernel_for(p: KdaDecodeProblem, device: int) -> tuple[runtime.Kernel, tuple[int, int, int], int]:
-    """The compiled kernel for problem `p` on `device`, its grid and shared memory (compiled on first use)."""
+def _kernel_for(p: KdaDecodeProblem, device: int) -> tuple[runtime.Kernel, tuple[int, int, int]]:
+    """The compiled kernel for problem `p` on `device` and its grid (compiled on first use)."""
     dev = runtime.device_info(device)
-    rows = plan_rows(p, dev.sm_count)
-    kernel = runtime.get_kernel(kda_decode_spec(p, rows, dev.arch), device, "kda_decode")
-    return kernel, (p.dim // rows, p.heads, p.sequences), smem_bytes(p, rows)
+    rpt = plan_rows_per_thread(p, dev.sm_count)
+    kernel = runtime.get_kernel(kda_decode_spec(p, rpt, dev.arch), device, "kda_decode")
+    return kernel, (p.dim // rows_per_cta(p, rpt), p.heads, p.sequences)
 
 
 @functools.lru_cache(maxsize=256)
@@ -192,7 +183,7 @@ def fused_recurrent_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float 
         import cupy
         check_state_indices(cupy.asnumpy(cupy.from_dlpack(state_indices)), p.pool_rows)
     runtime.require_gpu()
-    kernel, grid, smem = _kernel_for(p, qa.device)
+    kernel, grid = _kernel_for(p, qa.device)
     strm = launch_stream(qa, stream)
     if out is None:
         out = empty_like_framework(qa, (p.batch, p.tokens, p.heads, p.dim), "bfloat16")
@@ -202,5 +193,5 @@ def fused_recurrent_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float 
                   (qa.ptr, ka.ptr, ga.ptr, va.ptr, ba.ptr, layout, al.ptr, dt.ptr, st.ptr, np.int32(p.pool_rows),
                    idx.ptr if idx is not None else 0, cu.ptr if cu is not None else 0, np.int32(p.tokens), oa.ptr,
                    np.float32(lower_bound), np.float32(scale)),
-                  smem, strm)
+                  0, strm)
     return to_framework(qa, out)

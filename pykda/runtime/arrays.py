@@ -35,11 +35,6 @@ def _torch_dtype_name(dt) -> str:
     return _TORCH_DTYPES.get(dt, str(dt).removeprefix("torch."))
 
 
-def _is_torch(x) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
-
-
 def _from_cupy(x, name: str, obj) -> DeviceArray:
     item = x.dtype.itemsize
     return DeviceArray(x.data.ptr, x.shape, tuple(s // item for s in x.strides), x.dtype.name,
@@ -51,7 +46,8 @@ def as_device_array(x, name: str) -> DeviceArray:
 
     Raises TypeError naming `name` for host arrays and objects that are not arrays.
     """
-    if _is_torch(x):
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
         if not x.is_cuda:
             raise TypeError(f"{name} must be a CUDA tensor; got a torch tensor on {x.device}")
         return DeviceArray(x.data_ptr(), x.shape, x.stride(), _TORCH_DTYPES.get(x.dtype) or _torch_dtype_name(x.dtype),

@@ -46,11 +46,3 @@ PYKDA_DEVICE void kda_seq_bounds(const void* cu, int cu_is64, int n, int T, int&
   end = int(e);
 }
 
-// 1-D bulk copy global -> shared of `bytes` (multiple of 16, both addresses 16-byte aligned),
-// completing on an mbarrier.
-PYKDA_DEVICE void kda_bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_addr(bar))
-      : "memory");
-}
