@@ -97,7 +97,7 @@ def run(args):
                            {k: v for k, v in peers.items() if k != "fla"})
         T, N = sum(lengths), len(lengths)
         floor_bytes = 5 * T * H * D * 2 + (2 * N * H * D * D * 4 if with_state else 0)
-        row = dict(H=H, T=T, N=N, state=with_state, floor_ms=floor_bytes / copy_tbs / 1e9 * 1e3)
+        row = dict(H=H, T=T, N=N, state=with_state, floor_ms=floor_bytes / (copy_tbs * 1e12) * 1e3)
         for name, fn in runners.items():
             try:
                 fn()

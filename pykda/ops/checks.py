@@ -62,7 +62,7 @@ def memoized(validate):
     results: dict = {}
 
     def seen(a):
-        return None if a is None else (tuple(a.shape), tuple(a.strides), a.dtype, a.device, a.ptr & 15)
+        return None if a is None else (a.shape, a.strides, a.dtype, a.device, a.ptr & 15)
 
     @functools.wraps(validate)
     def wrapper(*arrays, **named):
