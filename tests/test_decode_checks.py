@@ -4,18 +4,9 @@ import pytest
 
 import pykda
 from pykda.ops.decode import BLOCK_N, DecodeProblem, plan_decode, validate_decode
-from pykda.runtime.arrays import DeviceArray, as_device_array
+from fakes import BASE, device_array as arr
+from pykda.runtime.arrays import as_device_array
 
-BASE = 1 << 30
-
-
-def arr(shape, dtype="bfloat16", strides=None, ptr=BASE, device=0):
-    if strides is None:
-        strides, step = [], 1
-        for n in reversed(shape):
-            strides.insert(0, step)
-            step *= n
-    return DeviceArray(ptr, tuple(shape), tuple(strides), dtype, device, "test", None)
 
 
 def good(S=100, hq=32, hkv=8, d=128, dtype="bfloat16"):

@@ -6,18 +6,8 @@ import pykda
 from pykda import registry
 from pykda.ops.kda import (KdaProblem, check_lower_bound, plan_kda, prepare_smem_bytes, record_bytes,
                            recurrence_smem_bytes, validate_kda)
-from pykda.runtime.arrays import DeviceArray
+from fakes import BASE, device_array as arr
 
-BASE = 1 << 30
-
-
-def arr(shape, dtype="bfloat16", strides=None, ptr=BASE, device=0):
-    if strides is None:
-        strides, step = [], 1
-        for n in reversed(shape):
-            strides.insert(0, step)
-            step *= n
-    return DeviceArray(ptr, tuple(shape), tuple(strides), dtype, device, "test", None)
 
 
 def good(B=1, T=100, H=4, K=128):

@@ -4,18 +4,8 @@ import pytest
 
 from pykda.ops.kda_decode import (KdaDecodeProblem, check_state_indices, plan_rows_per_thread, rows_per_cta,
                                   validate_kda_decode)
-from pykda.runtime.arrays import DeviceArray
+from fakes import BASE, device_array as arr
 
-BASE = 1 << 30
-
-
-def arr(shape, dtype="bfloat16", strides=None, ptr=BASE, device=0):
-    if strides is None:
-        strides, step = [], 1
-        for n in reversed(shape):
-            strides.insert(0, step)
-            step *= n
-    return DeviceArray(ptr, tuple(shape), tuple(strides), dtype, device, "test", None)
 
 
 def args(B=4, T=1, H=8, K=128, P=16, state_dtype="float32", **over):

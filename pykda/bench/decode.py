@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import reference
 from ..ops.decode import single_decode_with_kv_cache
-from .timing import Timer
+from . import timing
 
 SHAPES = [(32, 32, 8192), (32, 32, 16384), (32, 32, 32768), (32, 32, 65536), (32, 32, 131072),
           (32, 32, 131073), (32, 8, 32768), (32, 8, 131072)]
@@ -57,9 +57,7 @@ def _compile_peer(q, k, v, hq, hkv):
 def run(args):
     import cupy as cp
     import torch
-    timer = Timer()
-    copy_tbs = timer.copy_bandwidth_tbs()
-    print(f"device-to-device copy: {copy_tbs:.2f} TB/s (read + write)")
+    timer, copy_tbs = timing.start()
     shapes = QUICK if args.quick else SHAPES
     chunks, stages = _ints(args.chunk_size), _ints(args.stages)
     sweep = len(chunks) > 1 or len(stages) > 1

@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import reference
 from ..ops.kda import chunk_kda
-from .timing import Timer
+from . import timing
 
 D = 128
 LOWER_BOUND = -5.0
@@ -85,9 +85,7 @@ def _runners(x, params, cu, h0, peers):
 
 def run(args):
     import torch
-    timer = Timer()
-    copy_tbs = timer.copy_bandwidth_tbs()
-    print(f"device-to-device copy: {copy_tbs:.2f} TB/s (read + write)")
+    timer, copy_tbs = timing.start()
     peers = _peers()
     rows = []
     shapes = SHAPES[:3] if args.quick else SHAPES

@@ -7,7 +7,7 @@ import time
 
 from .. import reference
 from ..ops.kda_decode import fused_recurrent_kda
-from .timing import Timer
+from . import timing
 
 BATCHES = (1, 8, 64, 256)
 HEADS = (32, 8)
@@ -49,9 +49,7 @@ def host_us(fn, n=300) -> float:
 
 def run(args):
     import torch
-    timer = Timer()
-    copy_tbs = timer.copy_bandwidth_tbs()
-    print(f"device-to-device copy: {copy_tbs:.2f} TB/s (read + write)")
+    timer, copy_tbs = timing.start()
     fla_kda = _fla()
     rows = []
     for pool_dtype in ("float32", "bfloat16"):

@@ -36,3 +36,11 @@ class Timer:
         us = self.median_us(lambda: b.copy_(a), warmup=3, repeats=10)
         del a, b
         return 2 * nbytes / us / 1e6
+
+
+def start() -> tuple[Timer, float]:
+    """A timer and the measured copy bandwidth (the memory ceiling of the run), printed."""
+    timer = Timer()
+    copy_tbs = timer.copy_bandwidth_tbs()
+    print(f"device-to-device copy: {copy_tbs:.2f} TB/s (read + write)")
+    return timer, copy_tbs
