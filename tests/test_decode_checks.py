@@ -122,3 +122,19 @@ def test_plan_chunk_override_and_its_check():
     assert plan_decode(p, chunk_size=512, **H200).n_chunks == 16
     with pytest.raises(ValueError, match="chunk_size must be a positive multiple of 64"):
         plan_decode(p, chunk_size=100, **H200)
+
+
+# ---- scalar options shared by the ops ----
+def test_scalar_options_are_checked_by_name():
+    from pykda.ops.checks import check_lower_bound, check_stages, resolve_scale
+    assert resolve_scale(None, 64) == 0.125 and resolve_scale(0.5, 64) == 0.5
+    with pytest.raises(ValueError, match="scale must be finite; got nan"):
+        resolve_scale(float("nan"), 128)
+    check_stages(None), check_stages(2), check_stages(8)
+    with pytest.raises(ValueError, match="stages must be in 2..8; got 1"):
+        check_stages(1)
+    assert check_lower_bound(-5) == -5.0
+    with pytest.raises(ValueError, match="lower_bound must be finite and <= 0; got 0.5"):
+        check_lower_bound(0.5)
+    with pytest.raises(ValueError, match="lower_bound must be finite and <= 0; got -inf"):
+        check_lower_bound(float("-inf"))

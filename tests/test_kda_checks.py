@@ -4,7 +4,7 @@ import pytest
 
 import pykda
 from pykda import registry
-from pykda.ops.kda import (KdaProblem, check_lower_bound, plan_kda, prepare_smem_bytes, record_bytes,
+from pykda.ops.kda import (KdaProblem, check_chunk_lower_bound, plan_kda, prepare_smem_bytes, record_bytes,
                            recurrence_smem_bytes, validate_kda)
 from fakes import BASE, device_array as arr
 
@@ -154,13 +154,13 @@ def test_bad_input_names_the_argument(case, exc, message):
 
 
 def test_lower_bound_limits():
-    assert check_lower_bound(-2.7, 32) == -2.7
-    assert check_lower_bound(-5.0, 16) == -5.0
-    assert check_lower_bound(0.0, 32) == 0.0
+    assert check_chunk_lower_bound(-2.7, 32) == -2.7
+    assert check_chunk_lower_bound(-5.0, 16) == -5.0
+    assert check_chunk_lower_bound(0.0, 32) == 0.0
     with pytest.raises(ValueError, match="use chunk_size=16"):
-        check_lower_bound(-3.0, 32)
+        check_chunk_lower_bound(-3.0, 32)
     with pytest.raises(ValueError, match="finite"):
-        check_lower_bound(float("nan"), 16)
+        check_chunk_lower_bound(float("nan"), 16)
 
 
 def test_host_arrays_are_refused_by_name():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
 
 from .. import reference
 from ..ops.decode import single_decode_with_kv_cache

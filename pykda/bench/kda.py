@@ -56,7 +56,7 @@ def _peers():
 def _runners(x, params, cu, h0, peers):
     """name -> (callable returning (out, final_state))."""
     import torch
-    T, H = x["q"].shape[1], x["q"].shape[2]
+    H = x["q"].shape[2]
     N = 1 if cu is None else cu.numel() - 1
     seq = [x[n] for n in ("q", "k", "v", "g", "beta")]
     fs_ours = torch.empty(N, H, D, D, device="cuda") if h0 is not None else None

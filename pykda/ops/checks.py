@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import math
 
 from ..runtime.arrays import DeviceArray
 
@@ -54,6 +55,28 @@ def check_contiguous(a: DeviceArray, name: str) -> None:
         step *= size
     if any(s != e for s, e, n in zip(a.strides, reversed(expected), a.shape) if n > 1):
         raise ValueError(f"{name} must be contiguous; got strides {a.strides} for shape {tuple(a.shape)}")
+
+
+def resolve_scale(scale, dim: int) -> float:
+    """The softmax/readout scale: 1/sqrt(dim) by default; must be finite."""
+    scale = float(scale) if scale is not None else dim ** -0.5
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite; got {scale}")
+    return scale
+
+
+def check_stages(stages) -> None:
+    """A pipeline-depth override: None (the planner's) or 2..8."""
+    if stages is not None and stages not in range(2, 9):
+        raise ValueError(f"stages must be in 2..8; got {stages}")
+
+
+def check_lower_bound(lower_bound) -> float:
+    """The gate's lower bound (log space): finite and <= 0."""
+    lb = float(lower_bound)
+    if not math.isfinite(lb) or lb > 0:
+        raise ValueError(f"lower_bound must be finite and <= 0; got {lower_bound}")
+    return lb
 
 
 def memoized(validate):

@@ -5,7 +5,6 @@ validate -> plan (chunk size, pipeline, grid) -> spec -> kernel -> tensor maps +
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -13,8 +12,7 @@ import numpy as np
 
 from .. import runtime
 from ..runtime.arrays import DeviceArray, as_device_array, empty_like_framework, launch_stream, to_framework
-from .checks import (memoized, check_aligned, check_dtype, check_inner_contiguous, check_ndim, check_same_device,
-                     check_shape)
+from .checks import (check_aligned, check_dtype, check_inner_contiguous, check_ndim, check_same_device, check_shape, check_stages, memoized, resolve_scale)
 
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("bfloat16", "float16")
@@ -177,11 +175,8 @@ def single_decode_with_kv_cache(q, k, v, *, scale: float | None = None, out=None
     qa, ka, va = as_device_array(q, "q"), as_device_array(k, "k"), as_device_array(v, "v")
     oa = as_device_array(out, "out") if out is not None else None
     p = validate_decode(qa, ka, va, oa)
-    scale = float(scale) if scale is not None else p.head_dim ** -0.5
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be finite; got {scale}")
-    if stages is not None and stages not in (2, 3, 4, 5, 6, 7, 8):
-        raise ValueError(f"stages must be in 2..8; got {stages}")
+    scale = resolve_scale(scale, p.head_dim)
+    check_stages(stages)
     runtime.require_gpu()
     plan, partial, merge = _kernels_for(p, qa.device, chunk_size, stages)
     strm = launch_stream(qa, stream)

@@ -19,15 +19,13 @@ access memory out of bounds, but the results for such input are undefined.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from .. import runtime
 from ..runtime.arrays import DeviceArray, as_device_array, empty_like_framework, launch_stream, to_framework
-from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim,
-                     check_same_device, check_shape)
+from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_lower_bound, check_ndim, check_same_device, check_shape, check_stages, resolve_scale)
 
 HEAD_DIMS = (64, 128)
 CHUNK_SIZES = (16, 32)
@@ -115,10 +113,9 @@ def kda_specs(p: KdaProblem, plan: KdaPlan, arch: str, split_s: bool | None = No
     return prep, rec
 
 
-def check_lower_bound(lower_bound: float, chunk_size: int) -> float:
-    lb = float(lower_bound)
-    if not math.isfinite(lb) or lb > 0:
-        raise ValueError(f"lower_bound must be finite and <= 0; got {lower_bound}")
+def check_chunk_lower_bound(lower_bound: float, chunk_size: int) -> float:
+    """lower_bound valid (finite, <= 0) and within the chunk size's range."""
+    lb = check_lower_bound(lower_bound)
     limit = LOWER_BOUND_LIMITS[chunk_size]
     if lb < limit:
         hint = " (use chunk_size=16)" if chunk_size == 32 and lb >= LOWER_BOUND_LIMITS[16] else ""
@@ -134,7 +131,7 @@ def validate_kda(q: DeviceArray, k: DeviceArray, v: DeviceArray, g: DeviceArray,
     """Check dtypes, ranks, shapes, layouts, alignment and ranges; no GPU needed, no values read."""
     if chunk_size not in CHUNK_SIZES:
         raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}; got {chunk_size}")
-    check_lower_bound(lower_bound, chunk_size)
+    check_chunk_lower_bound(lower_bound, chunk_size)
     layout = "[B, T, H, K]"
     for name, a in (("q", q), ("k", k), ("g", g)):
         check_ndim(a, name, 4, layout)
@@ -245,11 +242,8 @@ def chunk_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, sc
     oa = as_device_array(out, "out") if out is not None else None
     fa = as_device_array(final_state, "final_state") if final_state is not None else None
     p = validate_kda(qa, ka, va, ga, ba, Aa, da, s0, cua, oa, fa, chunk_size, lower_bound)
-    scale = float(scale) if scale is not None else p.head_dim ** -0.5
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be finite; got {scale}")
-    if stages is not None and stages not in range(2, 9):
-        raise ValueError(f"stages must be in 2..8; got {stages}")
+    scale = resolve_scale(scale, p.head_dim)
+    check_stages(stages)
     runtime.require_gpu()
     dev = runtime.device_info(qa.device)
     plan = plan_kda(p, dev.sm_count, warps, stages)

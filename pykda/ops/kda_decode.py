@@ -5,15 +5,13 @@ validate -> plan (rows per CTA) -> spec -> kernel -> layout struct -> launch.
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import numpy as np
 
 from .. import runtime
-from ..runtime.arrays import DeviceArray, as_device_array, empty_like_framework, launch_stream, to_framework
-from .checks import (memoized, check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim,
-                     check_same_device, check_shape)
+from ..runtime.arrays import as_device_array, empty_like_framework, launch_stream, to_framework
+from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_lower_bound, check_ndim, check_same_device, check_shape, memoized, resolve_scale)
 
 KEY_DIMS = (64, 128)
 STATE_CTYPES = {"float32": "float", "bfloat16": "bf16_t"}
@@ -176,9 +174,8 @@ def fused_recurrent_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float 
     cu = as_device_array(cu_seqlens, "cu_seqlens") if cu_seqlens is not None else None
     oa = as_device_array(out, "out") if out is not None else None
     p = validate_kda_decode(qa, ka, va, ga, ba, al, dt, st, idx, cu, oa)
-    scale = float(scale) if scale is not None else p.dim ** -0.5
-    if not (math.isfinite(scale) and math.isfinite(lower_bound)):
-        raise ValueError(f"scale and lower_bound must be finite; got {scale}, {lower_bound}")
+    scale = resolve_scale(scale, p.dim)
+    lower_bound = check_lower_bound(lower_bound)
     if check_indices and state_indices is not None:
         import cupy
         check_state_indices(cupy.asnumpy(cupy.from_dlpack(state_indices)), p.pool_rows)
