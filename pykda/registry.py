@@ -23,8 +23,9 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
 
 
 def kda_decode_specs(arch: str) -> Iterator[KernelSpec]:
-    from .ops.kda_decode import INDEX_CTYPES, KEY_DIMS, STATE_CTYPES, KdaDecodeProblem, kda_decode_spec, rows_per_cta
-    for dim in KEY_DIMS:
+    from .ops.kda import HEAD_DIMS
+    from .ops.kda_decode import INDEX_CTYPES, STATE_CTYPES, KdaDecodeProblem, kda_decode_spec, rows_per_cta
+    for dim in HEAD_DIMS:
         for state in STATE_CTYPES:
             for idx in INDEX_CTYPES:
                 p = KdaDecodeProblem(1, 1, 32, dim, 1, 1, state, idx, "int32")

@@ -124,14 +124,10 @@ def check_chunk_lower_bound(lower_bound: float, chunk_size: int) -> float:
     return lb
 
 
-def validate_kda(q: DeviceArray, k: DeviceArray, v: DeviceArray, g: DeviceArray, beta: DeviceArray,
-                 A_log: DeviceArray, dt_bias: DeviceArray, initial_state: DeviceArray | None,
-                 cu_seqlens: DeviceArray | None, out: DeviceArray | None, final_state: DeviceArray | None,
-                 chunk_size: int, lower_bound: float) -> KdaProblem:
-    """Check dtypes, ranks, shapes, layouts, alignment and ranges; no GPU needed, no values read."""
-    if chunk_size not in CHUNK_SIZES:
-        raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}; got {chunk_size}")
-    check_chunk_lower_bound(lower_bound, chunk_size)
+def check_kda_inputs(q: DeviceArray, k: DeviceArray, v: DeviceArray, g: DeviceArray, beta: DeviceArray,
+                     A_log: DeviceArray, dt_bias: DeviceArray) -> tuple[int, int, int, int]:
+    """Ranks, dtypes and shapes of KDA's per-token inputs and gate parameters, shared by prefill
+    and decode; returns (B, T, H, K). Layout and alignment are each op's own."""
     layout = "[B, T, H, K]"
     for name, a in (("q", q), ("k", k), ("g", g)):
         check_ndim(a, name, 4, layout)
@@ -140,21 +136,15 @@ def validate_kda(q: DeviceArray, k: DeviceArray, v: DeviceArray, g: DeviceArray,
     for name, a in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         check_dtype(a, name, ("bfloat16",))
     B, T, H, K = q.shape
+    if K not in HEAD_DIMS:
+        raise ValueError(f"head dim K must be one of {HEAD_DIMS}; got {K}")
     for name, a in (("k", k), ("g", g)):
         check_shape(a, name, (B, T, H, K), layout)
     if tuple(v.shape[:3]) != (B, T, H):
         raise ValueError(f"v must be [B, T, H, V] with q's B, T, H = {(B, T, H)}; got {tuple(v.shape)}")
     if v.shape[3] != K:
         raise ValueError(f"v's head dim V ({v.shape[3]}) must equal q's head dim K ({K})")
-    if K not in HEAD_DIMS:
-        raise ValueError(f"head dim K must be one of {HEAD_DIMS}; got {K}")
-    if H < 1 or H > 65535:
-        raise ValueError(f"the number of heads H must be in 1..65535; got {H}")
     check_shape(beta, "beta", (B, T, H), "[B, T, H]")
-    for name, a in (("q", q), ("k", k), ("v", v), ("g", g)):
-        check_inner_contiguous(a, name)
-        check_aligned(a, name, 16)
-
     check_dtype(A_log, "A_log", ("float32",))
     if A_log.ndim != 1 or A_log.shape[0] != H:
         raise ValueError(f"A_log must have shape [H] = ({H},); got {tuple(A_log.shape)}")
@@ -163,6 +153,24 @@ def validate_kda(q: DeviceArray, k: DeviceArray, v: DeviceArray, g: DeviceArray,
     if tuple(dt_bias.shape) not in ((H, K), (H * K,)):
         raise ValueError(f"dt_bias must have shape [H, K] = {(H, K)} or [H*K] = ({H * K},); got {tuple(dt_bias.shape)}")
     check_contiguous(dt_bias, "dt_bias")
+    return B, T, H, K
+
+
+def validate_kda(q: DeviceArray, k: DeviceArray, v: DeviceArray, g: DeviceArray, beta: DeviceArray,
+                 A_log: DeviceArray, dt_bias: DeviceArray, initial_state: DeviceArray | None,
+                 cu_seqlens: DeviceArray | None, out: DeviceArray | None, final_state: DeviceArray | None,
+                 chunk_size: int, lower_bound: float) -> KdaProblem:
+    """Check dtypes, ranks, shapes, layouts, alignment and ranges; no GPU needed, no values read."""
+    if chunk_size not in CHUNK_SIZES:
+        raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}; got {chunk_size}")
+    check_chunk_lower_bound(lower_bound, chunk_size)
+    B, T, H, K = check_kda_inputs(q, k, v, g, beta, A_log, dt_bias)
+    if H < 1 or H > 65535:
+        raise ValueError(f"the number of heads H must be in 1..65535; got {H}")
+    for name, a in (("q", q), ("k", k), ("v", v), ("g", g)):
+        check_inner_contiguous(a, name)
+        check_aligned(a, name, 16)
+
     check_aligned(dt_bias, "dt_bias", 16)
 
     if cu_seqlens is not None:

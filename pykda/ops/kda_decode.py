@@ -11,9 +11,9 @@ import numpy as np
 
 from .. import runtime
 from ..runtime.arrays import as_device_array, empty_like_framework, launch_stream, to_framework
+from .kda import check_kda_inputs
 from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_lower_bound, check_ndim, check_same_device, check_shape, memoized, resolve_scale)
 
-KEY_DIMS = (64, 128)
 STATE_CTYPES = {"float32": "float", "bfloat16": "bf16_t"}
 INDEX_CTYPES = {"int32": "int", "int64": "long long"}
 WARPS = 4
@@ -57,31 +57,13 @@ def kda_decode_spec(p: KdaDecodeProblem, rpt: int, arch: str) -> runtime.KernelS
 @memoized
 def validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out) -> KdaDecodeProblem:
     """Check dtypes, ranks, shapes, layouts and alignment of every argument; no GPU needed."""
-    for name, a in (("q", q), ("k", k), ("g", g), ("v", v)):
-        check_ndim(a, name, 4, "[B, T, H, K]" if name != "v" else "[B, T, H, V]")
-        check_dtype(a, name, ("bfloat16",))
-    check_ndim(beta, "beta", 3, "[B, T, H]")
-    check_dtype(beta, "beta", ("bfloat16",))
-    B, T, H, K = q.shape
-    if K not in KEY_DIMS:
-        raise ValueError(f"K (last dim of q) must be one of {KEY_DIMS}; got {K}")
+    B, T, H, K = check_kda_inputs(q, k, v, g, beta, A_log, dt_bias)
     if T < 1:
         raise ValueError(f"q must hold at least one token (T >= 1); got T = {T}")
-    check_shape(k, "k", (B, T, H, K), "[B, T, H, K]")
-    check_shape(g, "g", (B, T, H, K), "[B, T, H, K]")
-    check_shape(v, "v", (B, T, H, K), "[B, T, H, V] with V = K")
-    check_shape(beta, "beta", (B, T, H), "[B, T, H]")
-    for name, a in (("q", q), ("k", k), ("g", g)):
-        check_inner_contiguous(a, name)
-        check_aligned(a, name, 16)
+    for name, x in (("q", q), ("k", k), ("g", g)):
+        check_inner_contiguous(x, name)
+        check_aligned(x, name, 16)
     check_inner_contiguous(v, "v")
-    check_dtype(A_log, "A_log", ("float32",))
-    check_shape(A_log, "A_log", (H,), "[H]")
-    check_contiguous(A_log, "A_log")
-    check_dtype(dt_bias, "dt_bias", ("float32",))
-    if tuple(dt_bias.shape) not in ((H, K), (H * K,)):
-        raise ValueError(f"dt_bias must have shape [H, K] = {(H, K)} or [H*K] = {(H * K,)}; got {tuple(dt_bias.shape)}")
-    check_contiguous(dt_bias, "dt_bias")
     if state is None:
         raise ValueError("initial_state (the state pool [P, H, V, K]) is required: it is updated in place")
     check_dtype(state, "initial_state", tuple(STATE_CTYPES))
