@@ -18,21 +18,26 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
                 for hkv in (32, 8) for s in (8192, 16384, 32768, 65536, 131072, 131073)]
     problems += [DecodeProblem(s, hq, hkv, d, dt) for d in HEAD_DIMS for dt in DTYPES
                  for s in (1, 1000, 8192, 131073) for hq, hkv in ((32, 32), (32, 8), (8, 1))]
+    problems += [DecodeProblem(s, 32, 8, 128, "bfloat16", b) for b, s in ((64, 4096), (256, 1024), (8, 32768))]
+    problems += [DecodeProblem(s, hq, hkv, d, dt, b) for d in HEAD_DIMS for dt in DTYPES for b in (3, 8)
+                 for s in (17, 1000, 8192) for hq, hkv in ((32, 8), (8, 8), (8, 1))]
     for p in problems:
         yield decode_spec(p, plan_decode(p, H200_SMS, H200_SMEM_PER_SM), arch)
 
 
 def kda_decode_specs(arch: str) -> Iterator[KernelSpec]:
     from .ops.kda import HEAD_DIMS
-    from .ops.kda_decode import INDEX_CTYPES, STATE_CTYPES, KdaDecodeProblem, kda_decode_spec, rows_per_cta
+    from .ops.kda_decode import (INDEX_CTYPES, STATE_CTYPES, KdaDecodeProblem, default_stages, kda_decode_spec,
+                                 tile_rows)
     for dim in HEAD_DIMS:
         for state in STATE_CTYPES:
             for idx in INDEX_CTYPES:
                 p = KdaDecodeProblem(1, 1, 32, dim, 1, 1, state, idx, "int32")
                 for rpt in (1, 2, 4, 8):
-                    if rows_per_cta(p, rpt) <= dim:
-                        yield kda_decode_spec(p, rpt, arch)
-            yield kda_decode_spec(KdaDecodeProblem(1, 1, 32, dim, 1, 1, state, "int32", "int64"), 1, arch)
+                    if tile_rows(p, rpt) <= dim:
+                        yield kda_decode_spec(p, rpt, default_stages(state, rpt, H200_SMEM_PER_SM), arch)
+            yield kda_decode_spec(KdaDecodeProblem(1, 1, 32, dim, 1, 1, state, "int32", "int64"), 1,
+                                  default_stages(state, 1, H200_SMEM_PER_SM), arch)
 
 
 def kda_specs(arch: str) -> Iterator[KernelSpec]:

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from pykda.ops.kda_decode import (KdaDecodeProblem, check_state_indices, plan_rows_per_thread, rows_per_cta,
+from pykda.ops.kda_decode import (KdaDecodeProblem, check_state_indices, min_ctas, plan_kda_decode, tile_rows,
                                   validate_kda_decode)
 from fakes import BASE, device_array as arr
 
@@ -61,10 +61,22 @@ def test_index_values_checked_on_request():
 def test_plan_fills_the_gpu_and_tiles_v(state, dim):
     for batch in (1, 8, 64, 256):
         p = KdaDecodeProblem(batch, 1, 32, dim, batch, batch, state, "int32", "int32")
-        rpt = plan_rows_per_thread(p, 132)
-        rows = rows_per_cta(p, rpt)
-        assert dim % rows == 0
+        plan = plan_kda_decode(p, 132, 233472)
+        rows = tile_rows(p, plan.rpt)
+        assert dim % rows == 0 and plan.n_tiles == batch * 32 * dim // rows
+        per_sm = min_ctas(state, plan.rpt)
+        assert plan.grid == min(plan.n_tiles, 132 * per_sm)
+        assert per_sm * (plan.smem + 1024) <= 233472 and plan.stages >= 4, "a deep ring for each CTA of an SM"
         if batch >= 64:
-            assert rpt >= 4 and rows_per_cta(p, 2 * rpt) > dim or rpt == 8
+            assert plan.rpt == 8 or tile_rows(p, 2 * plan.rpt) > dim
         if batch == 1:
-            assert batch * 32 * dim // rows >= 128, "about a CTA per SM at B = 1"
+            assert plan.n_tiles >= 2 * 132 or plan.rpt == 1, "the smallest tiles at B = 1"
+
+
+def test_plan_overrides_are_checked():
+    p = KdaDecodeProblem(1, 1, 32, 64, 1, 1, "bfloat16", "int32", "int32")
+    assert plan_kda_decode(p, 132, 233472, rpt=2, stages=3).stages == 3
+    with pytest.raises(ValueError, match="rows_per_thread"):
+        plan_kda_decode(p, 132, 233472, rpt=8)   # 128 rows > 64
+    with pytest.raises(ValueError, match="rows_per_thread"):
+        plan_kda_decode(p, 132, 233472, rpt=3)

@@ -143,3 +143,40 @@ def test_check_indices_catches_duplicates_and_out_of_range():
     o = pykda.fused_recurrent_kda(**x, initial_state=pool, state_indices=torch.tensor([9, -1, 7], device="cuda"))
     torch.cuda.synchronize()
     assert torch.equal(pool, before) and (o == 0).all()
+
+
+@pytest.mark.parametrize("rpt, stages", [(1, 2), (2, 3), (4, 2), (8, 2), (8, None)])
+def test_every_tile_shape_and_ring_depth_agrees(rpt, stages):
+    """The planner's overrides (for sweeps) compute the same thing: small rings wrap many times."""
+    B, H, K = 96, 8, 128
+    x, pool = make(B, 2, H, K, B + 3, "float32", seed=17)
+    idx = torch.randperm(B + 3, device="cuda")[:B].to(torch.int32)
+    idx[5] = -1
+    before = pool.clone()
+    o = pykda.fused_recurrent_kda(**x, initial_state=pool, state_indices=idx, rows_per_thread=rpt, stages=stages)
+    rows = idx.tolist()
+    o_ref, new = reference_step(x, before, rows)
+    assert reference.relative_error(f64(o), o_ref) < 1e-2
+    assert all(reference.relative_error(f64(pool[r]), s) < 1e-2 for r, s in new.items())
+    assert all(torch.equal(pool[r], before[r]) for r in range(B + 3) if r not in new)
+
+
+def test_packed_sequences_with_empty_and_padded_ones():
+    """cu_seqlens with zero-length sequences (state untouched) and a padded slot (zero outputs)."""
+    H, K = 4, 64
+    lens = [0, 3, 1, 0, 2, 5]
+    cu_list = [0]
+    for n in lens:
+        cu_list.append(cu_list[-1] + n)
+    x, pool = make(1, cu_list[-1], H, K, 8, "bfloat16", seed=18)
+    rows = [6, 1, -1, 2, 7, 0]
+    before = pool.clone()
+    out = torch.full_like(x["v"], float("nan"))
+    pykda.fused_recurrent_kda(**x, initial_state=pool, out=out, cu_seqlens=torch.tensor(cu_list, device="cuda"),
+                              state_indices=torch.tensor(rows, dtype=torch.int32, device="cuda"))
+    live = [r if n > 0 else -1 for r, n in zip(rows, lens)]
+    o_ref, new = reference_step(x, before, live, cu=cu_list)
+    assert torch.isfinite(out).all()
+    assert reference.relative_error(f64(out), o_ref) < 2e-2
+    assert all(reference.relative_error(f64(pool[r]), s) < 2e-2 for r, s in new.items())
+    assert all(torch.equal(pool[r], before[r]) for r in range(8) if r not in new)

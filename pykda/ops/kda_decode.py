@@ -5,6 +5,7 @@ validate -> plan (rows per CTA) -> spec -> kernel -> layout struct -> launch.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -12,11 +13,11 @@ import numpy as np
 from .. import runtime
 from ..runtime.arrays import as_device_array, empty_like_framework, launch_stream, to_framework
 from .kda import check_kda_inputs
-from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_lower_bound, check_ndim, check_same_device, check_shape, memoized, resolve_scale)
+from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_lower_bound, check_ndim, check_same_device, check_shape, check_stages, memoized, resolve_scale)
 
 STATE_CTYPES = {"float32": "float", "bfloat16": "bf16_t"}
 INDEX_CTYPES = {"int32": "int", "int64": "long long"}
-WARPS = 4
+WARPS = 4             # consumer warps; one more warp produces
 
 
 class KdaDecodeProblem(NamedTuple):
@@ -31,27 +32,61 @@ class KdaDecodeProblem(NamedTuple):
     cu_dtype: str       # of cu_seqlens ('int32' when absent)
 
 
-@functools.lru_cache(maxsize=256)
-def plan_rows_per_thread(p: KdaDecodeProblem, sm_count: int) -> int:
-    """Rows each lane group carries: as many as keep >= 2 CTAs per SM (more rows, more
-    independent loads in flight per thread), down to 1 for small batches."""
-    for rpt in (8, 4, 2, 1):
-        rows = rows_per_cta(p, rpt)
-        if rows <= p.dim and p.sequences * p.heads * (p.dim // rows) >= 2 * sm_count:
-            return rpt
-    return 1
+@dataclass(frozen=True)
+class KdaDecodePlan:
+    rpt: int          # rows per lane group
+    stages: int       # shared-memory ring depth, in tiles
+    n_tiles: int      # state tiles: sequences x heads x tiles per head
+    grid: int         # persistent CTAs
+    smem: int         # dynamic shared memory per CTA, bytes
 
 
-def rows_per_cta(p: KdaDecodeProblem, rpt: int) -> int:
+def tile_rows(p: KdaDecodeProblem, rpt: int) -> int:
+    """State rows per tile: every consumer lane holds rpt 16-byte pieces."""
     elems = 16 // (4 if p.state_dtype == "float32" else 2)
     return WARPS * (32 // (p.dim // elems)) * rpt
 
 
+def tile_bytes(rpt: int) -> int:
+    return WARPS * 32 * 16 * rpt
+
+
+def min_ctas(state_dtype: str, rpt: int) -> int:
+    """CTAs per SM the kernel is compiled for (its register cap): three, except the bf16
+    pool's 8-row groups, which need more than 128 registers."""
+    return 2 if state_dtype == "bfloat16" and rpt == 8 else 3
+
+
+def default_stages(state_dtype: str, rpt: int, smem_per_sm: int) -> int:
+    """As deep a ring as min_ctas CTAs per SM can hold, at most 8 tiles."""
+    per_cta = smem_per_sm // min_ctas(state_dtype, rpt) - 3072   # alignment slack, static smem, reserve
+    return max(2, min(8, per_cta // tile_bytes(rpt)))
+
+
 @functools.lru_cache(maxsize=256)
-def kda_decode_spec(p: KdaDecodeProblem, rpt: int, arch: str) -> runtime.KernelSpec:
+def plan_kda_decode(p: KdaDecodeProblem, sm_count: int, smem_per_sm: int, rpt: int | None = None,
+                    stages: int | None = None) -> KdaDecodePlan:
+    """The largest tiles (more bytes per copy, more rows per thread) that still give every
+    CTA of a full persistent grid a few tiles; the grid is as many CTAs as fit the SMs."""
+    if rpt is None:
+        fits = [r for r in (8, 4, 2, 1) if tile_rows(p, r) <= p.dim]
+        rpt = next((r for r in fits if p.sequences * p.heads * (p.dim // tile_rows(p, r)) >= 4 * sm_count),
+                   fits[-1])
+    elif rpt not in (1, 2, 4, 8) or tile_rows(p, rpt) > p.dim:
+        raise ValueError(f"rows_per_thread must be 1, 2, 4 or 8 with at most {p.dim} rows per tile; got {rpt}")
+    stages = stages or default_stages(p.state_dtype, rpt, smem_per_sm)
+    smem = stages * tile_bytes(rpt) + 1024   # + alignment slack
+    n_tiles = p.sequences * p.heads * (p.dim // tile_rows(p, rpt))
+    per_sm = max(1, min(min_ctas(p.state_dtype, rpt), smem_per_sm // (smem + 1024)))
+    return KdaDecodePlan(rpt=rpt, stages=stages, n_tiles=n_tiles, grid=min(n_tiles, sm_count * per_sm), smem=smem)
+
+
+@functools.lru_cache(maxsize=256)
+def kda_decode_spec(p: KdaDecodeProblem, rpt: int, stages: int, arch: str) -> runtime.KernelSpec:
     return runtime.KernelSpec.make("kda_decode", {
-        "K": p.dim, "STATE": STATE_CTYPES[p.state_dtype], "RPT": rpt,
-        "IDX_T": INDEX_CTYPES[p.index_dtype], "CU_T": INDEX_CTYPES[p.cu_dtype]}, arch, kernels=("kda_decode",))
+        "K": p.dim, "STATE": STATE_CTYPES[p.state_dtype], "RPT": rpt, "STAGES": stages, "WARPS": WARPS,
+        "MIN_CTAS": min_ctas(p.state_dtype, rpt), "IDX_T": INDEX_CTYPES[p.index_dtype],
+        "CU_T": INDEX_CTYPES[p.cu_dtype]}, arch, kernels=("kda_decode",))
 
 
 @memoized
@@ -119,12 +154,15 @@ def check_state_indices(indices: np.ndarray, pool_rows: int) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def _kernel_for(p: KdaDecodeProblem, device: int) -> tuple[runtime.Kernel, tuple[int, int, int]]:
-    """The compiled kernel for problem `p` on `device` and its grid (compiled on first use)."""
+def _kernel_for(p: KdaDecodeProblem, device: int, rpt: int | None, stages: int | None
+                ) -> tuple[KdaDecodePlan, runtime.Kernel]:
+    """The plan and the compiled kernel for problem `p` on `device` (compiled on first use)."""
     dev = runtime.device_info(device)
-    rpt = plan_rows_per_thread(p, dev.sm_count)
-    kernel = runtime.get_kernel(kda_decode_spec(p, rpt, dev.arch), device, "kda_decode")
-    return kernel, (p.dim // rows_per_cta(p, rpt), p.heads, p.sequences)
+    plan = plan_kda_decode(p, dev.sm_count, dev.smem_per_sm, rpt, stages)
+    if plan.smem > dev.smem_per_block_optin:
+        raise ValueError(f"stages={plan.stages} needs {plan.smem} bytes of shared memory per block; "
+                         f"the device allows {dev.smem_per_block_optin}")
+    return plan, runtime.get_kernel(kda_decode_spec(p, plan.rpt, plan.stages, dev.arch), device, "kda_decode")
 
 
 @functools.lru_cache(maxsize=256)
@@ -135,7 +173,7 @@ def _layout(strides: tuple) -> bytes:
 
 def fused_recurrent_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scale: float | None = None,
                         initial_state=None, state_indices=None, cu_seqlens=None, out=None, stream=None,
-                        check_indices: bool = False):
+                        check_indices: bool = False, rows_per_thread: int | None = None, stages: int | None = None):
     """One or a few KDA recurrent steps per sequence, updating a pool of states in place.
 
     q, k, g [B, T, H, K], v [B, T, H, V], beta [B, T, H] (logits) bf16; A_log [H] and
@@ -148,6 +186,8 @@ def fused_recurrent_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float 
     Contract: non-negative state_indices are distinct and < P; the kernel never reads or
     writes outside the pool (an index >= P is treated as padding), and `check_indices=True`
     verifies both on the host (a synchronisation, so not for CUDA-graph capture).
+    `rows_per_thread` (state rows per lane group: 1, 2, 4, 8) and `stages` (ring depth in
+    tiles) override the planner, for sweeps.
     """
     qa, ka, va, ga = (as_device_array(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (g, "g")))
     ba, al, dt = as_device_array(beta, "beta"), as_device_array(A_log, "A_log"), as_device_array(dt_bias, "dt_bias")
@@ -158,19 +198,20 @@ def fused_recurrent_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float 
     p = validate_kda_decode(qa, ka, va, ga, ba, al, dt, st, idx, cu, oa)
     scale = resolve_scale(scale, p.dim)
     lower_bound = check_lower_bound(lower_bound)
+    check_stages(stages)
     if check_indices and state_indices is not None:
         import cupy
         check_state_indices(cupy.asnumpy(cupy.from_dlpack(state_indices)), p.pool_rows)
     runtime.require_gpu()
-    kernel, grid = _kernel_for(p, qa.device)
+    plan, kernel = _kernel_for(p, qa.device, rows_per_thread, stages)
     strm = launch_stream(qa, stream)
     if out is None:
         out = empty_like_framework(qa, (p.batch, p.tokens, p.heads, p.dim), "bfloat16")
         oa = as_device_array(out, "out")
     layout = _layout(qa.strides[:3] + ka.strides[:3] + ga.strides[:3] + va.strides[:3] + ba.strides + oa.strides[:3])
-    kernel.launch(grid, (WARPS * 32, 1, 1),
+    kernel.launch((plan.grid, 1, 1), ((WARPS + 1) * 32, 1, 1),
                   (qa.ptr, ka.ptr, ga.ptr, va.ptr, ba.ptr, layout, al.ptr, dt.ptr, st.ptr, np.int32(p.pool_rows),
-                   idx.ptr if idx is not None else 0, cu.ptr if cu is not None else 0, np.int32(p.tokens), oa.ptr,
-                   np.float32(lower_bound), np.float32(scale)),
-                  0, strm)
+                   idx.ptr if idx is not None else 0, cu.ptr if cu is not None else 0, np.int32(p.tokens),
+                   np.int32(p.heads), np.int32(plan.n_tiles), oa.ptr, np.float32(lower_bound), np.float32(scale)),
+                  plan.smem, strm)
     return to_framework(qa, out)

@@ -98,6 +98,13 @@ template <int WIDTH> PYKDA_DEVICE float group_sum(float v) {
   for (int o = WIDTH / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+// N independent sums at once: one butterfly, its shuffles interleaved.
+template <int WIDTH, int N> PYKDA_DEVICE void group_sums(float (&v)[N]) {
+#pragma unroll
+  for (int o = WIDTH / 2; o > 0; o >>= 1)
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
+}
 template <int WIDTH> PYKDA_DEVICE float group_max(float v) {
 #pragma unroll
   for (int o = WIDTH / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
