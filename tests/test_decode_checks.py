@@ -18,6 +18,12 @@ def test_valid_problem_is_described():
     assert (p.kv_len, p.q_heads, p.kv_heads, p.head_dim, p.group) == (100, 32, 8, 128, 4)
 
 
+def test_hnd_layout_is_described():
+    q, k, v = arr((32, 128)), arr((8, 100, 128)), arr((8, 100, 128))
+    p = validate_decode(q, k, v, None, kv_layout="HND")
+    assert (p.kv_len, p.kv_heads, p.batch) == (100, 8, 1)
+
+
 def test_strided_view_of_a_larger_cache_is_accepted():
     q, k, v = good()
     big = arr((100, 8, 256))   # k = cache[:, :, :128] of a [100, 8, 256] cache
@@ -41,10 +47,14 @@ def test_strided_view_of_a_larger_cache_is_accepted():
     ("device", ValueError, "all arrays must be on one device"),
     ("out_shape", ValueError, "out must have shape"),
     ("out_dtype", TypeError, "out must have the dtype of q"),
+    ("layout", ValueError, r"kv_layout must be one of \('NHD', 'HND'\); got 'BHSD'"),
+    ("layout_type", ValueError, r"kv_layout must be one of \('NHD', 'HND'\); got None"),
+    ("k_rank_hnd", ValueError, r"k must be 3-D \[num_kv_heads, kv_len, head_dim\]"),
 ])
 def test_bad_input_names_the_argument(case, exc, message):
     q, k, v = good()
     out = None
+    layout = "NHD"
     if case == "q_dtype":
         q = arr((32, 128), "float32")
     elif case == "kv_dtype":
@@ -75,8 +85,14 @@ def test_bad_input_names_the_argument(case, exc, message):
         out = arr((32, 64))
     elif case == "out_dtype":
         out = arr((32, 128), "float16")
+    elif case == "layout":
+        layout = "BHSD"
+    elif case == "layout_type":
+        layout = None
+    elif case == "k_rank_hnd":
+        k, layout = arr((8, 100, 128, 1)), "HND"
     with pytest.raises(exc, match=message):
-        validate_decode(q, k, v, out)
+        validate_decode(q, k, v, out, kv_layout=layout)
 
 
 def test_host_numpy_arrays_are_refused_by_name():

@@ -1,4 +1,6 @@
-"""Flash decoding for one query token per head: `single_decode_with_kv_cache`.
+"""Flash decoding for one query token per head: `single_decode_with_kv_cache`, and
+`batch_decode_with_padded_kv_cache` over sequences padded to one length. One code path
+(`flash_decode`): a single sequence is a batch of one.
 
 validate -> plan (chunk size, pipeline, grid) -> spec -> kernel -> tensor maps + workspace -> launch.
 """
@@ -12,7 +14,8 @@ import numpy as np
 
 from .. import runtime
 from ..runtime.arrays import DeviceArray, as_device_array, empty_like_framework, launch_stream, to_framework
-from .checks import (check_aligned, check_dtype, check_inner_contiguous, check_ndim, check_same_device, check_shape, check_stages, memoized, resolve_scale)
+from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim,
+                     check_same_device, check_shape, check_stages, memoized, resolve_scale)
 
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("bfloat16", "float16")
@@ -20,20 +23,28 @@ CTYPES = {"bfloat16": "bf16_t", "float16": "fp16_t"}
 BLOCK_N = 64          # KV rows per pipeline tile
 WARPS = 4             # consumer warps; one more warp produces
 MAX_HEADS_PER_CTA = 16
+MAX_GRID_Z = 65535    # grid z = batch x head_blocks
+KV_LAYOUTS = ("NHD", "HND")   # k, v [.., kv_len, num_kv_heads, head_dim] or [.., num_kv_heads, kv_len, head_dim]
 DEFAULT_STAGES = {64: 4, 128: 3, 256: 3}
 _REGS_GUESS = {64: 96, 128: 152, 256: 240}   # per thread, for the occupancy estimate
 
 
 class DecodeProblem(NamedTuple):
-    kv_len: int
+    kv_len: int           # rows of each sequence's cache (S; kv_lens may use fewer)
     q_heads: int
     kv_heads: int
     head_dim: int
     dtype: str
+    batch: int = 1
 
     @property
     def group(self) -> int:
         return self.q_heads // self.kv_heads
+
+    @property
+    def head_blocks(self) -> int:
+        """CTAs per KV head along its query heads."""
+        return -(-self.group // MAX_HEADS_PER_CTA)
 
 
 @dataclass(frozen=True)
@@ -74,8 +85,8 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
     """
     stages = stages or DEFAULT_STAGES[p.head_dim]
     heads_per_cta = min(p.group, MAX_HEADS_PER_CTA)
-    head_blocks = -(-p.group // heads_per_cta)
-    units = p.kv_heads * head_blocks
+    head_blocks = p.head_blocks
+    units = p.batch * p.kv_heads * head_blocks
     n_tiles = -(-p.kv_len // BLOCK_N)
     if chunk_size is not None:
         if chunk_size <= 0 or chunk_size % BLOCK_N:
@@ -106,39 +117,85 @@ def decode_spec(p: DecodeProblem, plan: DecodePlan, arch: str) -> runtime.Kernel
         kernels=("decode_partial", "decode_merge"))
 
 
-@memoized
-def validate_decode(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceArray | None) -> DecodeProblem:
-    """Check dtypes, ranks, shapes, head ratio, head dim, layout and alignment; no GPU needed."""
-    check_ndim(q, "q", 2, "[num_qo_heads, head_dim]")
-    check_ndim(k, "k", 3, "[kv_len, num_kv_heads, head_dim]")
-    check_ndim(v, "v", 3, "[kv_len, num_kv_heads, head_dim]")
+def layouts(batched: bool, kv_layout: str) -> tuple[str, str]:
+    """How q (and out) and k, v are laid out, for messages."""
+    lead = "batch, " if batched else ""
+    kv = "kv_len, num_kv_heads" if kv_layout == "NHD" else "num_kv_heads, kv_len"
+    return f"[{lead}num_qo_heads, head_dim]", f"[{lead}{kv}, head_dim]"
+
+
+def kv_view(a: DeviceArray, batched: bool, kv_layout: str) -> tuple[tuple, tuple]:
+    """K or V as (batch, kv_len, kv_heads, head_dim) sizes and element strides, whatever the layout."""
+    shape, strides = tuple(a.shape), tuple(a.strides)
+    if not batched:
+        shape, strides = (1,) + shape, (0,) + strides
+    if kv_layout == "HND":
+        shape, strides = (shape[0], shape[2], shape[1], shape[3]), (strides[0], strides[2], strides[1], strides[3])
+    return shape, strides
+
+
+def _check_decode(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceArray | None,
+                  kv_lens: DeviceArray | None, *, batched: bool, kv_layout: str) -> DecodeProblem:
+    q_layout, kv_layout_text = layouts(batched, kv_layout)
+    check_ndim(q, "q", 2 + batched, q_layout)
+    check_ndim(k, "k", 3 + batched, kv_layout_text)
+    check_ndim(v, "v", 3 + batched, kv_layout_text)
     check_dtype(q, "q", DTYPES)
     for name, a in (("k", k), ("v", v)):
         if a.dtype != q.dtype:
             raise TypeError(f"{name} must have the dtype of q ({q.dtype}); got {a.dtype}")
     if tuple(k.shape) != tuple(v.shape):
         raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} and {tuple(v.shape)}")
-    hq, d = q.shape
-    s, hkv, dk = k.shape
+    hq, d = q.shape[-2:]
+    (b, s, hkv, dk), _ = kv_view(k, batched, kv_layout)
+    if batched and q.shape[0] != b:
+        raise ValueError(f"q and k must have the same batch size; got {q.shape[0]} and {b}")
     if dk != d:
         raise ValueError(f"k/v head_dim {dk} must equal q's head_dim {d}")
     if d not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}; got {d}")
+    if b < 1:
+        raise ValueError(f"the batch must hold at least one sequence; got batch {b}")
     if s < 1:
         raise ValueError(f"k/v must hold at least one KV row; got kv_len {s}")
-    if hkv < 1 or hq % hkv:
+    if hkv < 1 or hq < 1 or hq % hkv:
         raise ValueError(f"num_qo_heads ({hq}) must be a multiple of num_kv_heads ({hkv})")
+    p = DecodeProblem(kv_len=s, q_heads=hq, kv_heads=hkv, head_dim=d, dtype=q.dtype, batch=b)
+    if b * p.head_blocks > MAX_GRID_Z:
+        raise ValueError(f"batch {b} is too large: batch x ceil(group / {MAX_HEADS_PER_CTA}) must be "
+                         f"at most {MAX_GRID_Z}")
     for name, a in (("q", q), ("k", k), ("v", v)):
         check_inner_contiguous(a, name)
         check_aligned(a, name, 16)
+    arrays = {"q": q, "k": k, "v": v}
     if out is not None:
-        check_shape(out, "out", (hq, d), "[num_qo_heads, head_dim]")
+        check_shape(out, "out", q.shape, q_layout)
         if out.dtype != q.dtype:
             raise TypeError(f"out must have the dtype of q ({q.dtype}); got {out.dtype}")
         check_inner_contiguous(out, "out")
         check_aligned(out, "out", 8)
-    check_same_device({"q": q, "k": k, "v": v, **({"out": out} if out is not None else {})})
-    return DecodeProblem(kv_len=s, q_heads=hq, kv_heads=hkv, head_dim=d, dtype=q.dtype)
+        arrays["out"] = out
+    if kv_lens is not None:
+        check_dtype(kv_lens, "kv_lens", ("int32",))
+        check_shape(kv_lens, "kv_lens", (b,), "[batch]")
+        check_contiguous(kv_lens, "kv_lens")
+        check_aligned(kv_lens, "kv_lens", 4)
+        arrays["kv_lens"] = kv_lens
+    check_same_device(arrays)
+    return p
+
+
+# one memoized validator per (batched, kv_layout)
+_VALIDATORS = {(batched, layout): memoized(functools.partial(_check_decode, batched=batched, kv_layout=layout))
+               for batched in (False, True) for layout in KV_LAYOUTS}
+
+
+def validate_decode(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceArray | None,
+                    kv_lens: DeviceArray | None = None, *, batched: bool = False, kv_layout: str = "NHD") -> DecodeProblem:
+    """Check the layout name, dtypes, ranks, shapes, head ratio, head dim, strides and alignment; no GPU needed."""
+    if kv_layout not in KV_LAYOUTS:
+        raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}; got {kv_layout!r}")
+    return _VALIDATORS[batched, kv_layout](q, k, v, out, kv_lens)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -153,54 +210,99 @@ def _kernels_for(p: DecodeProblem, device: int, chunk_size: int | None, stages: 
     return plan, runtime.get_kernel(spec, device, "decode_partial"), runtime.get_kernel(spec, device, "decode_merge")
 
 
-def kv_tensor_map(a: DeviceArray, name: str) -> bytes:
-    """3-D map (head_dim, kv_heads, kv_len) with 64-column, BLOCK_N-row, 128-byte-swizzled boxes."""
-    s, h, d = a.shape
+def kv_tensor_map(a: DeviceArray, name: str, batched: bool, kv_layout: str) -> bytes:
+    """4-D map (head_dim, kv_heads, kv_len, batch) with 64-column, BLOCK_N-row, 128-byte-swizzled boxes.
+
+    The strides come from the array in whatever order its layout has them; a dimension of size 1
+    is never stepped along, so it gets a stride TMA accepts."""
+    (b, s, h, d), (sb, ss, sh, _) = kv_view(a, batched, kv_layout)
     item = 2
-    return runtime.encode_tiled(name, a.dtype, a.ptr, (d, h, s),
-                                (a.strides[1] * item, a.strides[0] * item), (64, 1, BLOCK_N), swizzle=128)
+    strides = tuple((st if n > 1 else d) * item for st, n in ((sh, h), (ss, s), (sb, b)))
+    return runtime.encode_tiled(name, a.dtype, a.ptr, (d, h, s, b), strides, (64, 1, BLOCK_N, 1), swizzle=128)
 
 
-def single_decode_with_kv_cache(q, k, v, *, scale: float | None = None, out=None, return_lse: bool = False,
-                                stream=None, chunk_size: int | None = None, stages: int | None = None):
+def _row_strides(a: DeviceArray, batched: bool) -> tuple[np.int64, np.int64]:
+    """Batch and head strides (elements) of q or out; a single sequence has no batch stride."""
+    return np.int64(a.strides[0] if batched else 0), np.int64(a.strides[-2])
+
+
+def single_decode_with_kv_cache(q, k, v, *, kv_layout: str = "NHD", scale: float | None = None, out=None,
+                                return_lse: bool = False, stream=None, chunk_size: int | None = None,
+                                stages: int | None = None):
     """Decode attention of one query token per head: softmax(scale · q Kᵀ) V.
 
-    q: [num_qo_heads, head_dim]; k, v: [kv_len, num_kv_heads, head_dim] (strided views of a
-    larger cache allowed where TMA can express them); bf16 or fp16; head_dim 64, 128 or 256;
-    num_qo_heads a multiple of num_kv_heads (query head i reads KV head i // group).
+    q: [num_qo_heads, head_dim]; k, v: [kv_len, num_kv_heads, head_dim] ("NHD") or
+    [num_kv_heads, kv_len, head_dim] ("HND") (strided views of a larger cache allowed where TMA
+    can express them); bf16 or fp16; head_dim 64, 128 or 256; num_qo_heads a multiple of
+    num_kv_heads (query head i reads KV head i // group).
     Returns o [num_qo_heads, head_dim] in q's framework (or `out`), and with `return_lse`
     also the natural-log log-sum-exp of the scaled scores, [num_qo_heads] fp32.
     `chunk_size` (KV rows per CTA, a multiple of 64) and `stages` override the planner.
     """
+    return flash_decode(q, k, v, batched=False, kv_layout=kv_layout, scale=scale, out=out,
+                        return_lse=return_lse, stream=stream, chunk_size=chunk_size, stages=stages)
+
+
+def batch_decode_with_padded_kv_cache(q, k, v, *, kv_layout: str = "NHD", kv_lens=None, scale: float | None = None,
+                                      out=None, return_lse: bool = False, stream=None, chunk_size: int | None = None,
+                                      stages: int | None = None):
+    """Decode attention of one query token per head for a batch of sequences padded to one length.
+
+    q: [batch, num_qo_heads, head_dim]; k, v: [batch, kv_len, num_kv_heads, head_dim] ("NHD") or
+    [batch, num_kv_heads, kv_len, head_dim] ("HND"), strided views allowed where TMA can express
+    them. `kv_lens` [batch] int32 on the device (each <= kv_len; read by the kernel, never by the
+    host) gives each sequence's length; rows past it are never used (they may hold anything), and
+    a length of 0 gives zeros and an LSE of -inf. Returns o [batch, num_qo_heads, head_dim], and
+    with `return_lse` also the natural-log LSE [batch, num_qo_heads] fp32. Other arguments as in
+    `single_decode_with_kv_cache`.
+    """
+    return flash_decode(q, k, v, batched=True, kv_layout=kv_layout, kv_lens=kv_lens, scale=scale, out=out,
+                        return_lse=return_lse, stream=stream, chunk_size=chunk_size, stages=stages)
+
+
+def flash_decode(q, k, v, *, batched: bool, kv_layout: str = "NHD", kv_lens=None, scale: float | None = None,
+                 out=None, return_lse: bool = False, stream=None, chunk_size: int | None = None,
+                 stages: int | None = None, fused_merge: bool = True):
+    """The one code path of both ops. Split sequences are merged by the last CTA of each head
+    group to finish (`fused_merge`, one launch) or by decode_merge in a second launch (for the
+    bench's comparison)."""
     qa, ka, va = as_device_array(q, "q"), as_device_array(k, "k"), as_device_array(v, "v")
     oa = as_device_array(out, "out") if out is not None else None
-    p = validate_decode(qa, ka, va, oa)
+    la = as_device_array(kv_lens, "kv_lens") if kv_lens is not None else None
+    p = validate_decode(qa, ka, va, oa, la, batched=batched, kv_layout=kv_layout)
     scale = resolve_scale(scale, p.head_dim)
     check_stages(stages)
     runtime.require_gpu()
     plan, partial, merge = _kernels_for(p, qa.device, chunk_size, stages)
     strm = launch_stream(qa, stream)
 
+    rows = (p.batch, p.q_heads) if batched else (p.q_heads,)   # query rows of out and lse
     if out is None:
-        out = empty_like_framework(qa, (p.q_heads, p.head_dim), p.dtype)
+        out = empty_like_framework(qa, rows + (p.head_dim,), p.dtype)
         oa = as_device_array(out, "out")
-    lse = empty_like_framework(qa, (p.q_heads,), "float32") if return_lse else None
+    lse = empty_like_framework(qa, rows, "float32") if return_lse else None
     lse_ptr = as_device_array(lse, "lse").ptr if return_lse else 0
-    k_map, v_map = kv_tensor_map(ka, "k"), kv_tensor_map(va, "v")
+    k_map, v_map = kv_tensor_map(ka, "k", batched, kv_layout), kv_tensor_map(va, "v", batched, kv_layout)
+    lens_ptr = la.ptr if la is not None else 0
     i32 = np.int32
-    ws_o = ws_lse = 0
+    ws_o = ws_lse = counters = 0
     if plan.split:
-        n_part = p.q_heads * plan.n_chunks
+        n_part = p.batch * p.q_heads * plan.n_chunks
         ws_o = runtime.workspace(qa.device, strm, n_part * (p.head_dim + 1) * 4)
         ws_lse = ws_o + n_part * p.head_dim * 4
+        if fused_merge:
+            counters = runtime.workspace(qa.device, strm, p.batch * p.kv_heads * plan.head_blocks * 4, zeroed=True)
+    out_strides = _row_strides(oa, batched)
     partial.launch(
-        (plan.n_chunks, p.kv_heads, plan.head_blocks), ((WARPS + 1) * 32, 1, 1),
-        (qa.ptr, np.int64(qa.strides[0]), k_map, v_map, i32(p.kv_len), i32(p.group),
-         i32(plan.heads_per_cta), np.float32(scale), ws_o, ws_lse, oa.ptr, np.int64(oa.strides[0]), lse_ptr),
+        (plan.n_chunks, p.kv_heads, p.batch * plan.head_blocks), ((WARPS + 1) * 32, 1, 1),
+        (qa.ptr, *_row_strides(qa, batched), k_map, v_map, lens_ptr, i32(p.kv_len), i32(p.group),
+         i32(plan.heads_per_cta), i32(plan.head_blocks), np.float32(scale), ws_o, ws_lse, counters,
+         oa.ptr, *out_strides, lse_ptr),
         plan.smem, strm)
-    if plan.split:
-        merge.launch((p.q_heads, 1, 1), (128, 1, 1),
-                     (ws_o, ws_lse, i32(plan.n_chunks), oa.ptr, np.int64(oa.strides[0]), lse_ptr),
-                     plan.n_chunks * 4, strm)
+    if plan.split and not fused_merge:
+        n_rows = p.batch * p.q_heads
+        merge.launch((-(-n_rows // 4), 1, 1), (128, 1, 1),
+                     (ws_o, ws_lse, i32(plan.n_chunks), lens_ptr, i32(p.kv_len), i32(p.q_heads), i32(n_rows),
+                      oa.ptr, *out_strides, lse_ptr), 0, strm)
     out = to_framework(qa, out)
     return (out, to_framework(qa, lse)) if return_lse else out

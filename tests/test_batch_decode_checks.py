@@ -1,0 +1,230 @@
+"""CPU tests of the batched decode op and the KV layouts: argument checks, planning, and the
+launch sequence offline (fake device, kernels and tensor maps; no GPU needed)."""
+import re
+
+import numpy as np
+import pytest
+
+import pykda
+from pykda import runtime
+from pykda.ops import decode
+from pykda.ops.decode import DecodeProblem, kv_view, plan_decode, validate_decode
+from fakes import BASE, device_array as arr
+
+H200 = dict(sm_count=132, smem_per_sm=233472)
+
+
+def kv_shape(B, S, hkv, d, layout):
+    return (B, S, hkv, d) if layout == "NHD" else (B, hkv, S, d)
+
+
+def good(B=3, S=100, hq=32, hkv=8, d=128, layout="NHD", dtype="bfloat16"):
+    return arr((B, hq, d), dtype), arr(kv_shape(B, S, hkv, d, layout), dtype), arr(kv_shape(B, S, hkv, d, layout), dtype)
+
+
+def check(q, k, v, out=None, kv_lens=None, layout="NHD"):
+    return validate_decode(q, k, v, out, kv_lens, batched=True, kv_layout=layout)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_valid_batched_problem_is_described(layout):
+    q, k, v = good(layout=layout)
+    p = check(q, k, v, kv_lens=arr((3,), "int32"), layout=layout)
+    assert p == DecodeProblem(kv_len=100, q_heads=32, kv_heads=8, head_dim=128, dtype="bfloat16", batch=3)
+
+
+def test_strided_views_of_a_larger_cache_are_accepted():
+    # k = cache[:, 0, :, :100] of an HND cache [B, K|V, H, S_max, D]
+    cache = arr((3, 2, 8, 256, 128))
+    k = arr((3, 8, 100, 128), strides=(cache.strides[0], cache.strides[2], cache.strides[3], 1))
+    q, _, v = good(layout="HND")
+    assert check(q, k, v, layout="HND").kv_len == 100
+
+
+@pytest.mark.parametrize("case, exc, message", [
+    ("layout", ValueError, r"kv_layout must be one of \('NHD', 'HND'\); got 'NDH'"),
+    ("q_rank", ValueError, r"q must be 3-D \[batch, num_qo_heads, head_dim\]"),
+    ("k_rank", ValueError, r"k must be 4-D \[batch, kv_len, num_kv_heads, head_dim\]"),
+    ("v_rank_hnd", ValueError, r"v must be 4-D \[batch, num_kv_heads, kv_len, head_dim\]"),
+    ("batch", ValueError, "q and k must have the same batch size; got 4 and 3"),
+    ("batch0", ValueError, "the batch must hold at least one sequence"),
+    ("heads_hnd", ValueError, r"num_qo_heads \(32\) must be a multiple of num_kv_heads \(100\)"),
+    ("kv_dtype", TypeError, "v must have the dtype of q"),
+    ("out_shape", ValueError, r"out must have shape \[batch, num_qo_heads, head_dim\]"),
+    ("lens_dtype", TypeError, "kv_lens must have dtype int32; got int64"),
+    ("lens_shape", ValueError, r"kv_lens must have shape \[batch\] = \(3,\); got \(4,\)"),
+    ("lens_rank", ValueError, r"kv_lens must have shape \[batch\]"),
+    ("lens_strided", ValueError, "kv_lens must be contiguous"),
+    ("lens_device", ValueError, "all arrays must be on one device"),
+    ("grid", ValueError, "batch 70000 is too large"),
+])
+def test_bad_input_names_the_argument(case, exc, message):
+    q, k, v = good()
+    out = kv_lens = None
+    layout = "NHD"
+    if case == "layout":
+        layout = "NDH"
+    elif case == "q_rank":
+        q = arr((32, 128))
+    elif case == "k_rank":
+        k = arr((100, 8, 128))
+    elif case == "v_rank_hnd":
+        layout, (q, k, _) = "HND", good(layout="HND")
+        v = arr((3, 8, 100, 128, 1))
+    elif case == "batch":
+        q = arr((4, 32, 128))
+    elif case == "batch0":
+        q, k, v = good(B=0)
+    elif case == "heads_hnd":   # NHD-shaped k read as HND: 100 KV heads
+        layout = "HND"
+    elif case == "kv_dtype":
+        v = arr(k.shape, "float16")
+    elif case == "out_shape":
+        out = arr((3, 32, 64))
+    elif case == "lens_dtype":
+        kv_lens = arr((3,), "int64")
+    elif case == "lens_shape":
+        kv_lens = arr((4,), "int32")
+    elif case == "lens_rank":
+        kv_lens = arr((3, 1), "int32")
+    elif case == "lens_strided":
+        kv_lens = arr((3,), "int32", strides=(2,))
+    elif case == "lens_device":
+        kv_lens = arr((3,), "int32", device=1)
+    elif case == "grid":
+        q, k, v = good(B=70000, S=1, hq=32, hkv=1, d=64)
+    with pytest.raises(exc, match=message):
+        check(q, k, v, out, kv_lens, layout)
+
+
+@pytest.mark.parametrize("batched, layout, shape, strides, view", [
+    (True, "NHD", (3, 100, 8, 128), None, ((3, 100, 8, 128), (102400, 1024, 128, 1))),
+    (True, "HND", (3, 8, 100, 128), None, ((3, 100, 8, 128), (102400, 128, 12800, 1))),
+    (False, "NHD", (100, 8, 128), None, ((1, 100, 8, 128), (0, 1024, 128, 1))),
+    (False, "HND", (8, 100, 128), None, ((1, 100, 8, 128), (0, 128, 12800, 1))),
+])
+def test_kv_view_is_batch_rows_heads_dim_in_every_layout(batched, layout, shape, strides, view):
+    assert kv_view(arr(shape, strides=strides), batched, layout) == view
+
+
+def test_plan_counts_every_sequence_as_units():
+    one = plan_decode(DecodeProblem(4096, 32, 8, 128, "bfloat16"), **H200)
+    many = plan_decode(DecodeProblem(4096, 32, 8, 128, "bfloat16", 64), **H200)
+    assert one.split and not many.split   # 64 x 8 units fill the GPU without splitting
+    p = DecodeProblem(32768, 32, 8, 128, "bfloat16", 8)
+    plan = plan_decode(p, **H200)
+    assert plan.n_chunks * p.batch * p.kv_heads * plan.head_blocks >= 132
+
+
+# ---- the launch sequence, offline ----
+class _FakeKernel:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def launch(self, grid, block, args, smem, stream):
+        self.log.append((self.name, grid, block, smem, args))
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    from pykda.runtime.device import DeviceInfo
+    log = dict(launches=[], maps=[], zeroed=[])
+    info = DeviceInfo(0, "fake H200", (9, 0), 132, 232448, 233472, 60 << 20)
+
+    def workspace(device, stream, nbytes, zeroed=False):
+        if zeroed:
+            log["zeroed"].append(nbytes)
+        return BASE * (4 if zeroed else 8)
+
+    def encode_tiled(name, dtype, ptr, dims, strides, box, swizzle=0):
+        runtime.check_tiled(name, dtype, ptr, dims, strides, box, swizzle)
+        log["maps"].append((name, dims, strides, box))
+        return bytes(128)
+    monkeypatch.setattr(runtime, "require_gpu", lambda: None)
+    monkeypatch.setattr(runtime, "device_info", lambda i: info)
+    monkeypatch.setattr(runtime, "workspace", workspace)
+    monkeypatch.setattr(runtime, "get_kernel", lambda spec, dev, name: _FakeKernel(name, log["launches"]))
+    monkeypatch.setattr(runtime, "encode_tiled", encode_tiled)
+    monkeypatch.setattr(decode, "as_device_array", lambda x, name: x)
+    monkeypatch.setattr(decode, "launch_stream", lambda ref, stream=None: 0)
+    monkeypatch.setattr(decode, "to_framework", lambda ref, x: x)
+    monkeypatch.setattr(decode, "empty_like_framework", lambda ref, shape, dtype: arr(shape, dtype, ptr=BASE * 2))
+    decode._kernels_for.cache_clear()
+    yield log
+    decode._kernels_for.cache_clear()
+
+
+_KINDS = {int: "pointer", bytes: "TensorMap", np.int64: "long long", np.int32: "int", np.float32: "float"}
+
+
+def kernel_parameters(name: str, params: dict) -> list[str]:
+    """The parameter kinds of kernel `name` in the rendered decode template."""
+    src = re.sub(r"//[^\n]*", "", runtime.render("decode", params))
+    sig = re.search(rf"\b{name}\(([^)]*)\)\s*\{{", src).group(1)
+    kinds = []
+    for param in sig.split(","):
+        kinds.append("pointer" if "*" in param else "TensorMap" if "TensorMap" in param
+                     else "long long" if "long long" in param else param.split()[-2])
+    return kinds
+
+
+def _spec_params(p, chunk_size=None):
+    plan = plan_decode(p, **H200, chunk_size=chunk_size)
+    return plan, decode.decode_spec(p, plan, "sm_90a").param_dict
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_split_batch_launches_partial_and_merges_by_ticket_or_second_kernel(offline, layout, fused):
+    B, S, hq, hkv, d = 3, 1000, 32, 8, 128
+    q, k, v = good(B, S, hq, hkv, d, layout)
+    lens = arr((B,), "int32", ptr=BASE * 3)
+    o, lse = decode.flash_decode(q, k, v, batched=True, kv_layout=layout, kv_lens=lens, return_lse=True,
+                                 chunk_size=128, fused_merge=fused)
+    assert tuple(o.shape) == (B, hq, d) and tuple(lse.shape) == (B, hq) and lse.dtype == "float32"
+    plan, params = _spec_params(DecodeProblem(S, hq, hkv, d, "bfloat16", B), chunk_size=128)
+    names = [entry[0] for entry in offline["launches"]]
+    assert names == ["decode_partial"] if fused else ["decode_partial", "decode_merge"]
+    _, grid, block, smem, args = offline["launches"][0]
+    assert grid == (8, hkv, B) and block == (160, 1, 1) and smem == plan.smem
+    assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", params)
+    assert lens.ptr in args and (BASE * 4 in args) == fused
+    assert offline["zeroed"] == ([B * hkv * 4] if fused else [])
+    if not fused:
+        _, grid, block, smem, margs = offline["launches"][1]
+        assert grid == (-(-B * hq // 4), 1, 1) and block == (128, 1, 1) and smem == 0
+        assert [_KINDS[type(a)] for a in margs] == kernel_parameters("decode_merge", params)
+    # both maps walk (head_dim, kv_heads, kv_len, batch), whatever the layout in memory
+    row, head = (hkv * d * 2, d * 2) if layout == "NHD" else (d * 2, S * d * 2)
+    assert offline["maps"] == [(n, (d, hkv, S, B), (head, row, S * hkv * d * 2), (64, 1, 64, 1)) for n in "kv"]
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_single_decode_is_a_batch_of_one(offline, layout):
+    S, hq, hkv, d = 5000, 16, 1, 64
+    kv = (S, hkv, d) if layout == "NHD" else (hkv, S, d)
+    q, k, v = arr((hq, d)), arr(kv), arr(kv)
+    o = pykda.single_decode_with_kv_cache(q, k, v, kv_layout=layout)
+    assert tuple(o.shape) == (hq, d)
+    ((name, grid, _, _, args),) = offline["launches"]
+    plan, params = _spec_params(DecodeProblem(S, hq, hkv, d, "bfloat16"))
+    assert name == "decode_partial" and grid == (plan.n_chunks, hkv, 1)
+    assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", params)
+    # size-1 dims (one KV head, one sequence) get a stride TMA accepts
+    row = d * 2 if layout == "HND" else hkv * d * 2
+    assert offline["maps"][0] == ("k", (d, hkv, S, 1), (d * 2, row, d * 2), (64, 1, 64, 1))
+
+
+def test_bad_layout_raises_before_any_launch(offline):
+    q, k, v = good()
+    with pytest.raises(ValueError, match="kv_layout must be one of"):
+        pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_layout="nhd")
+    assert offline["launches"] == [] and offline["maps"] == []
+
+
+def test_decode_family_registers_batch_shapes():
+    from pykda import registry
+    specs = set(registry.specs("decode", "sm_90a"))
+    for B, S in ((64, 4096), (256, 1024), (8, 32768)):
+        p = DecodeProblem(S, 32, 8, 128, "bfloat16", B)
+        assert decode.decode_spec(p, plan_decode(p, **H200), "sm_90a") in specs
