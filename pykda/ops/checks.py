@@ -38,7 +38,11 @@ def check_inner_contiguous(a: DeviceArray, name: str) -> None:
 
 
 def check_aligned(a: DeviceArray, name: str, nbytes: int = 16) -> None:
-    """Base address and every outer stride aligned to `nbytes` (vectorized access, TMA)."""
+    """Base address and every outer stride aligned to `nbytes` (vectorized access, TMA).
+    `nbytes` divides 16: memoized validation sees the base address modulo 16 only."""
+    if 16 % nbytes:
+        raise AssertionError(f"check_aligned: nbytes must divide 16 (memoized validation sees the address "
+                             f"modulo 16); got {nbytes}")
     item = ITEMSIZE[a.dtype]
     if a.ptr % nbytes:
         raise ValueError(f"{name} must start at a {nbytes}-byte aligned address; got {a.ptr:#x}")
@@ -81,20 +85,29 @@ def check_lower_bound(lower_bound) -> float:
 
 def memoized(validate):
     """Cache a validator of DeviceArrays (or None) on what it may look at: shapes, strides,
-    dtypes, devices and the pointers' alignment. A call that raises caches nothing."""
-    results: dict = {}
+    dtypes, devices and the pointers' alignment (`DeviceArray.meta`; so checks of alignment
+    may ask for at most 16 bytes). A call that raises caches nothing.
 
-    def seen(a):
-        return None if a is None else (a.shape, a.strides, a.dtype, a.device, a.ptr & 15)
+    The last call's key and result are kept apart: a repeat of the last call (the decode loop)
+    compares keys without hashing them."""
+    results: dict = {}
+    last = (None, None)   # (key, result) of the last call, replaced as a whole
 
     @functools.wraps(validate)
     def wrapper(*arrays, **named):
-        key = tuple(map(seen, arrays)) + tuple((n, seen(a)) for n, a in named.items())
+        nonlocal last
+        key = tuple([None if a is None else a.meta for a in arrays])
+        if named:
+            key += tuple([(n, None if a is None else a.meta) for n, a in named.items()])
+        recent = last
+        if key == recent[0]:
+            return recent[1]
         hit = results.get(key)
         if hit is None:
             hit = validate(*arrays, **named)
             if len(results) >= 4096:
                 results.clear()
             results[key] = hit
+        last = (key, hit)
         return hit
     return wrapper

@@ -9,15 +9,30 @@ from __future__ import annotations
 import sys
 
 _TORCH_DTYPES: dict = {}   # torch.dtype -> name, filled on first torch tensor
+_TORCH_BY_NAME: dict = {}  # name -> torch.dtype, filled by empty_like_framework
 _NAMES = ("bfloat16", "float16", "float32", "float64", "int32", "int64", "uint8", "int8", "bool")
+_TENSOR: type | None = None   # torch.Tensor, bound on the first call after torch is imported
+_RAW_STREAM = None            # torch's current-stream getter (a C function), bound on first use
+_new = object.__new__
 
 
 class DeviceArray:
-    __slots__ = ("ptr", "shape", "strides", "dtype", "device", "framework", "obj")
+    """Pointer, shape, element strides, dtype name and device of an array (`obj` keeps it alive).
+
+    Never modified after it is made: `meta` holds what validation may depend on (shape,
+    strides, dtype, device and the pointer modulo 16), the key of `ops.checks.memoized`.
+    """
+    __slots__ = ("ptr", "shape", "strides", "dtype", "device", "framework", "obj", "meta")
 
     def __init__(self, ptr, shape, strides, dtype, device, framework, obj):
-        self.ptr, self.shape, self.strides, self.dtype = ptr, shape, strides, dtype
-        self.device, self.framework, self.obj = device, framework, obj
+        self.ptr = ptr
+        self.shape = shape
+        self.strides = strides
+        self.dtype = dtype
+        self.device = device
+        self.framework = framework
+        self.obj = obj
+        self.meta = (shape, strides, dtype, device, ptr & 15)
 
     @property
     def ndim(self) -> int:
@@ -41,17 +56,37 @@ def _from_cupy(x, name: str, obj) -> DeviceArray:
                        x.device.id, "cupy", obj)
 
 
+def _is_torch_tensor(x) -> bool:
+    """isinstance(x, torch.Tensor) without importing torch; binds the fast path's type."""
+    global _TENSOR
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    if _TENSOR is None:
+        _torch_dtype_name(None)   # fill the dtype table
+        _TENSOR = torch.Tensor
+    return isinstance(x, torch.Tensor)
+
+
 def as_device_array(x, name: str) -> DeviceArray:
     """View `x` (torch, CuPy, JAX, DLPack, CUDA array interface) as a DeviceArray.
 
     Raises TypeError naming `name` for host arrays and objects that are not arrays.
     """
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(x, torch.Tensor):
+    if type(x) is _TENSOR or _is_torch_tensor(x):   # a plain tensor costs one type check
         if not x.is_cuda:
             raise TypeError(f"{name} must be a CUDA tensor; got a torch tensor on {x.device}")
-        return DeviceArray(x.data_ptr(), x.shape, x.stride(), _TORCH_DTYPES.get(x.dtype) or _torch_dtype_name(x.dtype),
-                           x.get_device(), "torch", x)
+        a = _new(DeviceArray)   # DeviceArray.__init__ inlined (a Python frame fewer)
+        a.ptr = ptr = x.data_ptr()
+        a.shape = shape = x.shape
+        a.strides = strides = x.stride()
+        dt = x.dtype
+        a.dtype = dt = _TORCH_DTYPES.get(dt) or _torch_dtype_name(dt)
+        a.device = dev = x.get_device()
+        a.framework = "torch"
+        a.obj = x
+        a.meta = (shape, strides, dt, dev, ptr & 15)
+        return a
     mod = type(x).__module__
     if mod.startswith("cupy"):
         return _from_cupy(x, name, x)
@@ -86,8 +121,11 @@ def empty_like_framework(ref: DeviceArray, shape: tuple, dtype: str):
     """A new uninitialized array of `shape`/`dtype` on ref's device, in ref's framework
     (CuPy for DLPack producers; `to_framework` hands it back in theirs)."""
     if ref.framework == "torch":
-        import torch
-        return ref.obj.new_empty(shape, dtype=getattr(torch, dtype))
+        dt = _TORCH_BY_NAME.get(dtype)
+        if dt is None:
+            import torch
+            dt = _TORCH_BY_NAME[dtype] = getattr(torch, dtype)
+        return ref.obj.new_empty(shape, dtype=dt)
     import cupy
     with cupy.cuda.Device(ref.device):
         return cupy.empty(shape, dtype=_cupy_dtype(dtype))
@@ -114,8 +152,16 @@ def launch_stream(ref: DeviceArray, stream=None) -> int:
                 return int(getattr(stream, attr))
         raise TypeError(f"stream must be an int handle, a CuPy or a torch stream; got {type(stream).__name__}")
     if ref.framework == "torch":
-        import torch
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        return raw(ref.device) if raw is not None else torch.cuda.current_stream(ref.device).cuda_stream
+        raw = _RAW_STREAM or _torch_raw_stream()
+        return raw(ref.device)
     import cupy
     return cupy.cuda.get_current_stream(ref.device).ptr
+
+
+def _torch_raw_stream():
+    """torch's current-stream getter: its C function where it has one, else the public API."""
+    global _RAW_STREAM
+    import torch
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    _RAW_STREAM = raw if raw is not None else (lambda device: torch.cuda.current_stream(device).cuda_stream)
+    return _RAW_STREAM

@@ -1,0 +1,243 @@
+"""Host cost of a `fused_recurrent_kda` call, measured on a machine without a GPU.
+
+The GPU is stubbed where it must be and nowhere else:
+- `as_device_array` rejects CPU tensors, so the timed copy is the module's own source with
+  `.is_cuda` read as `.is_cpu` (a getter of the same cost) and run on CPU torch tensors;
+- `cuLaunchKernel` is libc's `abs` behind the same ctypes prototype (the argument conversion is
+  the real one; the kernel handle is 0, so it returns 0 = success);
+- the compiled kernel, the device check and torch's current-stream lookup are stand-ins.
+
+`python tests/test_host_overhead.py` prints µs per piece; the tests check that the stubbed call
+packs exactly the parameters the kernel expects (so the numbers time the real path).
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import inspect
+import struct
+import sys
+import timeit
+import types
+
+import numpy as np
+import pytest
+
+if __name__ == "__main__":   # run as a script: this checkout's pykda and tests/fakes.py
+    from pathlib import Path
+    sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent)]
+
+torch = pytest.importorskip("torch") if __name__ != "__main__" else __import__("torch")
+
+from pykda.ops import checks, kda_decode  # noqa: E402
+from pykda.runtime import arrays, device, launch  # noqa: E402
+
+from fakes import device_array  # noqa: E402
+
+B, H, D = 1, 32, 128
+
+
+def cpu_twin_of_arrays() -> types.ModuleType:
+    """pykda.runtime.arrays, compiled from its own source with `.is_cuda` read as `.is_cpu`."""
+    src = inspect.getsource(arrays).replace(".is_cuda", ".is_cpu")
+    mod = types.ModuleType("pykda.runtime._arrays_cpu_twin")
+    mod.__package__ = "pykda.runtime"
+    exec(compile(src, "<arrays cpu twin>", "exec"), mod.__dict__)
+    return mod
+
+
+def cpu_inputs(pool_dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    rnd = lambda *s: torch.randn(*s, generator=g)   # noqa: E731
+    bf = torch.bfloat16
+    x = dict(q=rnd(B, 1, H, D).to(bf), k=rnd(B, 1, H, D).to(bf), v=rnd(B, 1, H, D).to(bf),
+             g=rnd(B, 1, H, D).to(bf), beta=rnd(B, 1, H).to(bf), A_log=rnd(H), dt_bias=rnd(H * D))
+    pool = rnd(2 * B, H, D, D).to(pool_dtype)
+    idx = torch.arange(B, dtype=torch.int32)
+    return x, pool, idx
+
+
+class _Launches:
+    """cuLaunchKernel's ctypes entry points (typed, and prototype-less where the runtime has
+    one) around libc's abs(handle = 0) = 0: the argument conversion is the real one."""
+
+    def __init__(self):
+        typed = ctypes.CDLL(None).abs
+        typed.restype = ctypes.c_int
+        typed.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        raw = ctypes.CDLL("libc.so.6").abs   # a function object of its own: no argtypes
+        raw.restype = ctypes.c_int
+        self.entries = (typed, lambda code, out: 0, raw)
+
+    def driver(self):
+        return self.entries
+
+
+@contextlib.contextmanager
+def stubbed_gpu(twin: types.ModuleType, kernel_type=launch.Kernel):
+    """fused_recurrent_kda runs on CPU tensors up to (and through) the ctypes launch call."""
+    from pykda import runtime
+    saved = []
+
+    def patch(obj, name, value):
+        saved.append((obj, name, getattr(obj, name, None), hasattr(obj, name)))
+        setattr(obj, name, value)
+
+    info = device.DeviceInfo(0, "fake H200", (9, 0), 132, 232448, 233472, 60 << 20)
+    kernels = {}
+
+    def get_kernel(spec, dev, name):
+        if name not in kernels:
+            kernels[name] = kernel_type(types.SimpleNamespace(ptr=0), name, dev)
+        return kernels[name]
+
+    patch(launch, "_driver", _Launches().driver)
+    patch(device, "gpu_available", lambda: True)
+    patch(runtime, "device_info", lambda i: info)
+    patch(runtime, "get_kernel", get_kernel)
+    patch(torch._C, "_cuda_getCurrentRawStream", lambda dev: 0)
+    for name in ("as_device_array", "empty_like_framework", "launch_stream", "to_framework"):
+        patch(kda_decode, name, getattr(twin, name))
+    kda_decode._kernel_for.cache_clear()
+    try:
+        yield kernels
+    finally:
+        kda_decode._kernel_for.cache_clear()
+        for obj, name, value, existed in reversed(saved):
+            if existed:
+                setattr(obj, name, value)
+            else:
+                delattr(obj, name)
+
+
+def _per_call_us(fn, number=2000, repeat=7) -> float:
+    fn()
+    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
+
+
+def measure() -> dict[str, float]:
+    """µs per piece of one fused_recurrent_kda call (B 1, H 32, D 128, fp32 pool)."""
+    twin = cpu_twin_of_arrays()
+    x, pool, idx = cpu_inputs()
+    out = torch.empty(B, 1, H, D, dtype=torch.bfloat16)
+    tensors = [(x[n], n) for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias")]
+    tensors += [(pool, "initial_state"), (idx, "state_indices"), (out, "out")]
+    as_dev = twin.as_device_array
+    res = {}
+
+    def view10():
+        for t, n in tensors:
+            as_dev(t, n)
+    res["as_device_array x10 (torch)"] = _per_call_us(view10)
+
+    def fakes(batch):   # the call's arrays, as fakes: a new set each time, as each call makes
+        f = device_array
+        return (f((batch, 1, H, D)), f((batch, 1, H, D)), f((batch, 1, H, D)), f((batch, 1, H, D)),
+                f((batch, 1, H)), f((H,), "float32"), f((H * D,), "float32"), f((2 * batch, H, D, D), "float32"),
+                f((batch,), "int32"), None, None)
+    validate = kda_decode.validate_kda_decode
+    same = [fakes(B) for _ in range(2)]
+    res["memoized validate (repeat of last call)"] = _per_call_us(
+        lambda: (validate(*same[0]), validate(*same[1])), number=1000) / 2
+    other = [fakes(B), fakes(B + 1)]
+    res["memoized validate (alternating problems)"] = _per_call_us(
+        lambda: (validate(*other[0]), validate(*other[1])), number=1000) / 2
+
+    kernel = launch.Kernel(types.SimpleNamespace(ptr=0), "kda_decode", 0)
+    layout = np.arange(18, dtype=np.int64).tobytes()
+    args = (1 << 30, 1 << 30, 1 << 30, 1 << 30, 1 << 30, layout, 1 << 30, 1 << 30, 1 << 30, np.int32(2),
+            1 << 30, 0, np.int32(1), 1 << 30, np.float32(-5.0), np.float32(0.088))
+    res["param_layout (cold)"] = _per_call_us(lambda: launch.param_layout(args), number=500)
+    fmt, _ = launch.param_layout(args)
+    buf = ctypes.create_string_buffer(fmt.size)
+    res["struct pack_into (16 args)"] = _per_call_us(lambda: fmt.pack_into(buf, 0, *args))
+    saved = launch._driver
+    launch._driver = _Launches().driver
+    try:
+        res["Kernel.launch (stub driver)"] = _per_call_us(
+            lambda: kernel.launch((4, H, B), (128, 1, 1), args, 0, 0))
+    finally:
+        launch._driver = saved
+
+    with stubbed_gpu(twin):
+        call = lambda: kda_decode.fused_recurrent_kda(**x, initial_state=pool, state_indices=idx)  # noqa: E731
+        res["fused_recurrent_kda (stubbed GPU)"] = _per_call_us(call)
+        call_out = lambda: kda_decode.fused_recurrent_kda(**x, initial_state=pool, state_indices=idx, out=out)  # noqa: E731
+        res["  same, out= given"] = _per_call_us(call_out)
+    return res
+
+
+# ---- tests: the stubbed path is the real one ----
+def test_cpu_twin_views_torch_tensors_like_the_real_path():
+    twin = cpu_twin_of_arrays()
+    t = torch.zeros(3, 4, 8, dtype=torch.bfloat16)[:, 1:3]
+    a = twin.as_device_array(t, "q")
+    assert (a.ptr, tuple(a.shape), tuple(a.strides), a.dtype, a.device, a.framework) == \
+        (t.data_ptr(), (3, 2, 8), (32, 8, 1), "bfloat16", -1, "torch")
+    assert a.obj is t
+    with pytest.raises(TypeError, match="q must be a CUDA tensor; got a torch tensor on cpu"):
+        arrays.as_device_array(t, "q")
+
+
+class _SpyKernel(launch.Kernel):
+    __slots__ = ("calls",)
+
+    def launch(self, grid, block, args, smem, stream):
+        self.calls = getattr(self, "calls", [])
+        self.calls.append(args)
+        super().launch(grid, block, args, smem, stream)
+
+
+def test_stubbed_call_packs_the_kernel_parameters():
+    """The parameter buffer handed to cuLaunchKernel holds every argument at its offset."""
+    twin = cpu_twin_of_arrays()
+    x, pool, idx = cpu_inputs()
+    seen = []
+    with stubbed_gpu(twin, _SpyKernel) as kernels:
+        entries = launch._driver()
+
+        def spy(inner):
+            def call(*args):
+                params = args[9]
+                stream = args[8].value if isinstance(args[8], ctypes.c_void_p) else args[8]
+                handle = args[0].value if isinstance(args[0], ctypes.c_void_p) else args[0]
+                seen.append(((handle or 0,) + args[1:8] + (stream or 0,), [params[i] for i in range(len(params))]))
+                return inner(*args)
+            return call
+        launch._driver = lambda: tuple(spy(e) if i != 1 else e for i, e in enumerate(entries))
+        out = torch.empty(B, 1, H, D, dtype=torch.bfloat16)
+        for _ in range(2):   # the second call reuses the parameter buffer
+            o = kda_decode.fused_recurrent_kda(**x, initial_state=pool, state_indices=idx, out=out, scale=0.5)
+            assert o is out
+        (kernel,) = kernels.values()
+        assert len(seen) == 2 and len(kernel.calls) == 2
+        args = kernel.calls[-1]
+        geometry, pointers = seen[-1]
+        assert geometry[0] == 0 and geometry[8] == 0   # the kernel handle, the stream
+        layout, offsets = launch.param_layout(args)
+        base = pointers[0] - offsets[0]
+        assert [p - base for p in pointers] == list(offsets)
+        packed = layout.unpack(ctypes.string_at(base, layout.size))
+        assert len(packed) == len(args)
+        for got, want in zip(packed, args):
+            assert got == (want if type(want) is not np.float32 else float(want))
+        ptrs = [a for a in args if type(a) is int]
+        for t in (x["q"], x["k"], x["v"], x["g"], x["beta"], x["A_log"], x["dt_bias"], pool, idx, out):
+            assert t.data_ptr() in ptrs
+        assert np.float32(0.5) in args
+
+
+def test_measure_runs():
+    twin = cpu_twin_of_arrays()
+    x, pool, idx = cpu_inputs()
+    with stubbed_gpu(twin):
+        o = kda_decode.fused_recurrent_kda(**x, initial_state=pool, state_indices=idx)
+    assert tuple(o.shape) == (B, 1, H, D) and o.dtype == torch.bfloat16
+
+
+if __name__ == "__main__":
+    import pykda
+    print(f"pykda from {Path(pykda.__file__).parent}")
+    for k, v in measure().items():
+        print(f"{k:<40} {v:7.2f} µs")

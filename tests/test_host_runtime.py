@@ -1,0 +1,246 @@
+"""CPU tests of the host fast paths: the memoized validation key, DeviceArray views, the
+parameter buffer and the two cuLaunchKernel entry points, the stream lookup."""
+import ctypes
+import types
+
+import numpy as np
+import pytest
+
+from pykda.ops import checks, kda_decode
+from pykda.runtime import arrays, launch
+from pykda.runtime.arrays import DeviceArray
+
+from fakes import BASE, device_array as arr
+
+
+# ---- memoized validation: the key sees everything a check may look at ----
+def _counting():
+    calls = []
+
+    @checks.memoized
+    def validate(*arrays, **named):
+        calls.append(1)
+        return len(calls)
+    return validate, calls
+
+
+VARIANTS = {
+    "aligned 8": dict(ptr=BASE + 8), "aligned 4": dict(ptr=BASE + 4), "aligned 2": dict(ptr=BASE + 2),
+    "aligned 1": dict(ptr=BASE + 1), "strides": dict(strides=(8192, 4096, 128, 1)),
+    "dtype": dict(dtype="float16"), "shape": dict(shape=(2, 1, 32, 128)), "device": dict(device=1),
+}
+
+
+def _q(**change):
+    return arr(**{"shape": (1, 1, 32, 128), **change})
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_memo_key_tells_apart_arrays_differing_in_one_property(variant):
+    validate, calls = _counting()
+    other = arr((4,), "int32")
+    validate(_q(), other)
+    validate(_q(), other)
+    assert len(calls) == 1   # an equal call is a hit
+    validate(_q(**VARIANTS[variant]), other)
+    assert len(calls) == 2, f"{variant}: validation skipped"
+    validate(_q(), other)     # back to the first: a hit again (not the last call: the dict)
+    assert len(calls) == 2
+    validate(_q(**VARIANTS[variant]), other)
+    assert len(calls) == 2
+
+
+def test_memo_key_ignores_only_the_pointer_above_16_bytes():
+    validate, calls = _counting()
+    validate(_q())
+    validate(_q(ptr=BASE + 16 * 12345))
+    assert len(calls) == 1
+    validate(_q(ptr=BASE + 16 * 12345 + 8))
+    assert len(calls) == 2
+
+
+def test_memo_key_tells_apart_none_positions_and_names():
+    validate, calls = _counting()
+    a = _q()
+    validate(a, None)
+    validate(None, a)
+    validate(a, None, out=a)
+    validate(a, None, lse=a)
+    validate(a, None, out=None)
+    assert len(calls) == 5
+
+
+def test_memo_caches_no_failure():
+    calls = []
+
+    @checks.memoized
+    def validate(a):
+        calls.append(1)
+        raise ValueError("bad")
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            validate(_q())
+    assert len(calls) == 2
+
+
+def _kda_decode_arrays(**change):
+    B, H, D = 2, 4, 128
+    a = dict(q=arr((B, 1, H, D)), k=arr((B, 1, H, D)), v=arr((B, 1, H, D)), g=arr((B, 1, H, D)),
+             beta=arr((B, 1, H)), A_log=arr((H,), "float32"), dt_bias=arr((H * D,), "float32"),
+             state=arr((2 * B, H, D, D), "float32"), state_indices=arr((B,), "int32"), cu_seqlens=None, out=None)
+    a.update(change)
+    return tuple(a.values())
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(q=arr((2, 1, 4, 128), ptr=BASE + 8)), "q must start at a 16-byte aligned address"),
+    (dict(k=arr((2, 1, 4, 128), strides=(520, 520, 130, 1))), "k: stride 130 of dim 2 is 260 bytes"),
+    (dict(state=arr((4, 4, 128, 128), "float32", strides=(4 * 128 * 256, 128 * 256, 256, 1))),
+     "initial_state must be contiguous"),
+    (dict(state=arr((4, 4, 128, 128), "float64")), "initial_state must have dtype"),
+    (dict(g=arr((2, 1, 4, 128), "float16")), "g must have dtype bfloat16"),
+])
+def test_cached_good_call_never_lets_a_bad_one_through(change, message):
+    good = _kda_decode_arrays()
+    kda_decode.validate_kda_decode(*good)
+    kda_decode.validate_kda_decode(*_kda_decode_arrays())   # a hit
+    with pytest.raises((TypeError, ValueError), match=message):
+        kda_decode.validate_kda_decode(*_kda_decode_arrays(**change))
+    kda_decode.validate_kda_decode(*good)
+
+
+def test_alignment_checks_stay_within_what_the_key_sees():
+    checks.check_aligned(arr((4, 8)), "x", 8)
+    with pytest.raises(AssertionError, match="must divide 16"):
+        checks.check_aligned(arr((4, 8)), "x", 32)
+
+
+def test_meta_is_what_the_key_sees():
+    a = DeviceArray(BASE + 6, (2, 3), (3, 1), "float32", 1, "test", None)
+    assert a.meta == ((2, 3), (3, 1), "float32", 1, 6)
+
+
+# ---- torch views ----
+def test_torch_view_matches_the_constructor():
+    torch = pytest.importorskip("torch")
+    from test_host_overhead import cpu_twin_of_arrays
+    twin = cpu_twin_of_arrays()
+    t = torch.zeros(5, 6, 8, dtype=torch.float16)[1:, :, 2:]
+    a = twin.as_device_array(t, "x")
+    b = twin.DeviceArray(t.data_ptr(), t.shape, t.stride(), "float16", -1, "torch", t)
+    assert a.obj is b.obj is t
+    for slot in set(DeviceArray.__slots__) - {"obj"}:
+        assert getattr(a, slot) == getattr(b, slot), slot
+    p = twin.as_device_array(torch.nn.Parameter(torch.zeros(3)), "w")   # a subclass: the general path
+    assert (p.dtype, tuple(p.shape), p.framework) == ("float32", (3,), "torch")
+    odd = twin.as_device_array(torch.zeros(2, dtype=torch.complex64), "c")
+    assert odd.dtype == "complex64"
+
+
+def test_torch_host_tensors_are_rejected_with_the_same_message():
+    torch = pytest.importorskip("torch")
+    for t in (torch.zeros(4), torch.nn.Parameter(torch.zeros(4))):
+        with pytest.raises(TypeError, match=r"^q must be a CUDA tensor; got a torch tensor on cpu$"):
+            arrays.as_device_array(t, "q")
+    with pytest.raises(TypeError, match="got a host ndarray"):
+        arrays.as_device_array(np.zeros(3), "k")
+    with pytest.raises(TypeError, match=r"k must be a GPU array \(CuPy, torch, JAX or DLPack\); got object"):
+        arrays.as_device_array(object(), "k")
+
+
+def test_launch_stream_binds_torchs_getter_once(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 1000 + dev, raising=False)
+    monkeypatch.setattr(arrays, "_RAW_STREAM", None)
+    ref = DeviceArray(BASE, (1,), (1,), "float32", 3, "torch", None)
+    assert arrays.launch_stream(ref) == 1003
+    assert arrays.launch_stream(ref, 77) == 77
+    assert arrays.launch_stream(ref, types.SimpleNamespace(cuda_stream=5)) == 5
+    with pytest.raises(TypeError, match="stream must be an int handle"):
+        arrays.launch_stream(ref, "s")
+
+
+def test_empty_like_framework_torch():
+    torch = pytest.importorskip("torch")
+    ref = DeviceArray(BASE, (1,), (1,), "float32", -1, "torch", torch.zeros(1))
+    for name in ("bfloat16", "float32", "bfloat16"):
+        o = arrays.empty_like_framework(ref, (2, 3), name)
+        assert o.dtype == getattr(torch, name) and tuple(o.shape) == (2, 3)
+
+
+# ---- kernel launch: parameter buffer and the two entry points ----
+class _Driver:
+    """cuLaunchKernel stand-ins that record which entry point ran and the packed parameters."""
+
+    def __init__(self, status=0):
+        self.calls, self.status = [], status
+
+    def entry(self, kind):
+        def call(handle, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+            if kind == "raw":   # prototype-less: only C ints and pointers go through
+                for v in (gx, gy, gz, bx, by, bz, smem):
+                    if type(v) is not int or not -2**31 <= v < 2**31:
+                        raise ctypes.ArgumentError("int too long to convert")
+                assert isinstance(stream, ctypes.c_void_p) and isinstance(handle, ctypes.c_void_p)
+                stream = stream.value or 0
+            self.calls.append((kind, (gx, gy, gz), (bx, by, bz), smem, stream, [params[i] for i in range(len(params))]))
+            return self.status
+        return call
+
+    def driver(self):
+        return self.entry("typed"), lambda code, out: 1, self.entry("raw")
+
+
+@pytest.fixture
+def driver(monkeypatch):
+    d = _Driver()
+    monkeypatch.setattr(launch, "_driver", d.driver)
+    return d
+
+
+def _unpack(pointers, args):
+    layout, offsets = launch.param_layout(args)
+    base = pointers[0] - offsets[0]
+    assert [p - base for p in pointers] == list(offsets)
+    return layout.unpack(ctypes.string_at(base, layout.size))
+
+
+def test_launch_takes_the_raw_entry_point_and_packs_every_argument(driver):
+    k = launch.Kernel(types.SimpleNamespace(ptr=0xabc), "k", 0)
+    args = (1 << 40, np.int32(-3), bytes(range(128)), np.float32(0.25), 1.5, np.int64(-7), 5)
+    k.launch((3, 2, 1), (128, 1, 1), args, 1024, 0x5000)
+    kind, grid, block, smem, stream, pointers = driver.calls[-1]
+    assert (kind, grid, block, smem, stream) == ("raw", (3, 2, 1), (128, 1, 1), 1024, 0x5000)
+    assert _unpack(pointers, args) == (1 << 40, -3, bytes(range(128)), 0.25, 1.5, -7, 5)
+    assert (pointers[2] - pointers[0]) % 64 == 0   # the tensor map at 64 bytes
+
+
+def test_launch_falls_back_to_the_typed_entry_point(driver):
+    k = launch.Kernel(types.SimpleNamespace(ptr=0), "k", 0)
+    k.launch((2**31, 1, 1), (32, 1, 1), (1,), 0, 0)
+    assert driver.calls[-1][0] == "typed" and driver.calls[-1][1] == (2**31, 1, 1)
+    k.launch((np.int64(2), 1, 1), (32, 1, 1), (1,), 0, 0)
+    assert driver.calls[-1][0] == "typed"
+    k.launch((2, 1, 1), (32, 1, 1), (1,), 0, 0)
+    assert driver.calls[-1][0] == "raw"
+
+
+def test_launch_failure_names_the_kernel(monkeypatch):
+    d = _Driver(status=700)
+    monkeypatch.setattr(launch, "_driver", d.driver)
+    k = launch.Kernel(types.SimpleNamespace(ptr=0), "my_kernel", 0)
+    with pytest.raises(RuntimeError, match=r"cuLaunchKernel\(my_kernel\) failed: 700 \(grid \(1, 1, 1\), "
+                                           r"block \(32, 1, 1\), 0 bytes of shared memory\)"):
+        k.launch((1, 1, 1), (32, 1, 1), (1,), 0, 0)
+
+
+def test_parameter_buffer_follows_types_and_struct_lengths(driver):
+    k = launch.Kernel(types.SimpleNamespace(ptr=0), "k", 0)
+    calls = [(7, bytes(128), np.int32(1)), (7, bytes(range(16)), np.int32(2)), (7, np.int32(3), np.int32(4)),
+             (7, bytes(128), np.int32(5)), (7, bytes(range(16)), np.int32(6)), (np.int32(7), 8)]
+    for args in calls * 2:
+        k.launch((1, 1, 1), (32, 1, 1), args, 0, 0)
+        got = _unpack(driver.calls[-1][-1], args)
+        assert got == tuple(int(a) if not isinstance(a, bytes) else a for a in args)
+    with pytest.raises(TypeError, match="unsupported kernel argument type str"):
+        k.launch((1, 1, 1), (32, 1, 1), ("x",), 0, 0)
