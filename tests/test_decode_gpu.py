@@ -52,6 +52,18 @@ def test_matches_reference(S, hq, hkv, d, dtype):
     assert np.abs(lse.cpu().numpy() - lse_ref).max() < 2e-3
 
 
+@pytest.mark.parametrize("S, hq, hkv, d, dtype", [(1, 32, 8, 128, "bfloat16"), (1000, 8, 1, 64, "float16"),
+                                                   (8192, 32, 32, 128, "bfloat16"), (131073, 32, 8, 256, "bfloat16")])
+def test_hnd_layout_matches_reference(S, hq, hkv, d, dtype):
+    q, k, v = make(S, hq, hkv, d, dtype, seed=S + d)
+    out = torch.full((hq, d), float("nan"), dtype=q.dtype, device="cuda")
+    k_hnd, v_hnd = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()   # [num_kv_heads, kv_len, head_dim]
+    o, lse = pykda.single_decode_with_kv_cache(q, k_hnd, v_hnd, kv_layout="HND", out=out, return_lse=True)
+    o_ref, lse_ref = ref(q, k, v)
+    assert rel(o.float().cpu().numpy(), o_ref) < TOL[dtype]
+    assert np.abs(lse.cpu().numpy() - lse_ref).max() < 2e-3
+
+
 def test_scale_and_lse_shape():
     q, k, v = make(777, 16, 4, 128, "bfloat16", seed=1)
     o, lse = pykda.single_decode_with_kv_cache(q, k, v, scale=0.3, return_lse=True)
@@ -107,11 +119,10 @@ def test_cuda_graph_capture_and_replay_with_new_data():
     out = torch.empty_like(q)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        pykda.single_decode_with_kv_cache(q, k, v, out=out)   # warm-up: compile, grow workspace
-    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.stream(s):   # warm-up on the capture stream: compile, grow its workspace and counters
+        pykda.single_decode_with_kv_cache(q, k, v, out=out)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=s):
         pykda.single_decode_with_kv_cache(q, k, v, out=out)
     for seed in (6, 7):
         q2, k2, v2 = make(8192, 32, 8, 128, "bfloat16", seed=seed)

@@ -1,18 +1,25 @@
 """`python -m pykda bench decode`: flash decoding vs torch SDPA (cuDNN, flash) and a
-torch.compile matmul-softmax, on PERF.md's decode shapes; cold L2, CUDA events, medians."""
+torch.compile matmul-softmax, on PERF.md's decode shapes (single sequences and padded batches);
+cold L2, CUDA events, medians.
+
+The SDPA peers read contiguous HND buffers `[B, H, S, D]`; pykda is timed on exactly those
+(kv_layout="HND", the same-inputs column that TB/s, % copy and the ratios use) and on NHD copies
+`[B, S, H, D]` of them."""
 from __future__ import annotations
 
 import itertools
 
-
 from .. import reference
-from ..ops.decode import single_decode_with_kv_cache
+from ..ops.decode import flash_decode
 from . import timing
 
 SHAPES = [(32, 32, 8192), (32, 32, 16384), (32, 32, 32768), (32, 32, 65536), (32, 32, 131072),
           (32, 32, 131073), (32, 8, 32768), (32, 8, 131072)]
+BATCH_SHAPES = [(64, 32, 8, 4096), (256, 32, 8, 1024), (8, 32, 8, 32768)]
 QUICK = [(32, 32, 8192), (32, 32, 65536), (32, 8, 131072)]
+QUICK_BATCH = [(8, 32, 8, 32768)]
 D = 128
+REF_ROWS = 1 << 16   # KV rows per float64 reference pass (bounds its memory)
 
 
 def _ints(text):
@@ -20,26 +27,50 @@ def _ints(text):
     return [None] if not text else [int(x) or None for x in text.split(",")]
 
 
-def _sdpa_peer(backend_name, q, k, v, hq, hkv):
+def _merges(text):
+    """A comma list of merge variants: 1 merges split chunks in the last CTA (one launch), 0 in decode_merge."""
+    return [True] if not text else [bool(int(x)) for x in text.split(",")]
+
+
+def _cases(quick: bool):
+    """(batch, Hq, Hkv, kv_len, batched op?) rows: single sequences first, then padded batches."""
+    single, batch = (QUICK, QUICK_BATCH) if quick else (SHAPES, BATCH_SHAPES)
+    return [(1, hq, hkv, s, False) for hq, hkv, s in single] + [(b, hq, hkv, s, True) for b, hq, hkv, s in batch]
+
+
+def _reference(q, k_nhd, v_nhd):
+    """float64 outputs [B, Hq, D] as NumPy, a few sequences per pass."""
+    import cupy as cp
+    import numpy as np
+    step = max(1, REF_ROWS // k_nhd.shape[1])
+    parts = []
+    for b in range(0, q.shape[0], step):
+        o, _ = reference.batch_decode_attention(*(cp.from_dlpack(x[b:b + step].double()) for x in (q, k_nhd, v_nhd)))
+        parts.append(cp.asnumpy(o))
+    return np.concatenate(parts)
+
+
+def _sdpa_peer(backend_name, q, k_hnd, v_hnd):
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backend = getattr(SDPBackend, backend_name)
-    q4 = q.view(1, hq, 1, D)
-    k4, v4 = k.permute(1, 0, 2).contiguous()[None], v.permute(1, 0, 2).contiguous()[None]   # [1, H, S, D]
+    b, hq, _ = q.shape
+    q4 = q.view(b, hq, 1, D)
 
     def run():
         with sdpa_kernel(backend):
-            return torch.nn.functional.scaled_dot_product_attention(q4, k4, v4, enable_gqa=hq != hkv)
+            return torch.nn.functional.scaled_dot_product_attention(q4, k_hnd, v_hnd, enable_gqa=hq != k_hnd.shape[1])
     try:
         out = run()
     except Exception as exc:   # backend unavailable for this shape
         return None, f"{type(exc).__name__}"
-    return run, out.view(hq, D)
+    return run, out
 
 
-def _compile_peer(q, k, v, hq, hkv):
+def _compile_peer(q, k, v):
+    """Single sequence, Hq == Hkv: q [Hq, D], k, v [S, H, D]."""
     import torch
-    if hq != hkv:
+    if q.shape[0] != k.shape[1]:
         return None, "n/a"
 
     @torch.compile(dynamic=False)
@@ -53,40 +84,50 @@ def _compile_peer(q, k, v, hq, hkv):
     return (lambda: attn(q, k, v)), out
 
 
+def _pykda(q, k, v, batched, layout, chunk, stages, fused):
+    """A call of pykda's one decode path on these buffers (a single sequence drops the batch dim)."""
+    if not batched:
+        q, k, v = q[0], k[0], v[0]
+    return lambda: flash_decode(q, k, v, batched=batched, kv_layout=layout, chunk_size=chunk, stages=stages,
+                                fused_merge=fused)
+
+
 def run(args):
-    import cupy as cp
     import torch
     timer, copy_tbs = timing.start()
-    shapes = QUICK if args.quick else SHAPES
-    chunks, stages = _ints(args.chunk_size), _ints(args.stages)
-    sweep = len(chunks) > 1 or len(stages) > 1
+    chunks, stages, merges = _ints(args.chunk_size), _ints(args.stages), _merges(getattr(args, "fused_merge", None))
+    sweep = len(chunks) > 1 or len(stages) > 1 or len(merges) > 1
     rows = []
-    for hq, hkv, S in shapes:
-        g = torch.Generator(device="cuda").manual_seed(S + hkv)
-        q = torch.randn(hq, D, device="cuda", generator=g).to(torch.bfloat16)
-        k = torch.randn(S, hkv, D, device="cuda", generator=g).to(torch.bfloat16)
-        v = torch.randn(S, hkv, D, device="cuda", generator=g).to(torch.bfloat16)
-        nbytes = 2 * S * hkv * D * 2 + 2 * hq * D * 2
-        o_ref, _ = reference.decode_attention(*(cp.from_dlpack(x.double()) for x in (q, k, v)))
-        o_ref = cp.asnumpy(o_ref)
+    for B, hq, hkv, S, batched in _cases(args.quick):
+        g = torch.Generator(device="cuda").manual_seed(S + hkv + B)
+        q = torch.randn(B, hq, D, device="cuda", generator=g).to(torch.bfloat16)
+        k_hnd = torch.randn(B, hkv, S, D, device="cuda", generator=g).to(torch.bfloat16)   # what the peers read
+        v_hnd = torch.randn(B, hkv, S, D, device="cuda", generator=g).to(torch.bfloat16)
+        k_nhd, v_nhd = k_hnd.transpose(1, 2).contiguous(), v_hnd.transpose(1, 2).contiguous()
+        nbytes = 2 * B * S * hkv * D * 2 + 2 * B * hq * D * 2
+        o_ref = _reference(q, k_nhd, v_nhd)
+
+        def error(o):
+            return reference.relative_error(o.float().reshape(B, hq, D).cpu().numpy(), o_ref)
         peers = {}
         if not sweep:
             for name, backend in (("cudnn", "CUDNN_ATTENTION"), ("flash", "FLASH_ATTENTION")):
-                peers[name] = _sdpa_peer(backend, q, k, v, hq, hkv)
-            peers["compile"] = _compile_peer(q, k, v, hq, hkv)
+                peers[name] = _sdpa_peer(backend, q, k_hnd, v_hnd)
+            if not batched:
+                peers["compile"] = _compile_peer(q[0], k_nhd[0], v_nhd[0])
         peer_us = {n: (timer.median_us(fn) if fn else None) for n, (fn, _) in peers.items()}
-        peer_err = {n: (reference.relative_error(o.float().cpu().numpy(), o_ref) if fn else None)
-                    for n, (fn, o) in peers.items()}
-        for chunk, st in itertools.product(chunks, stages):
-            fn = lambda: single_decode_with_kv_cache(q, k, v, chunk_size=chunk, stages=st)
-            err = reference.relative_error(fn().float().cpu().numpy(), o_ref)
-            us = timer.median_us(fn)
-            row = dict(hq=hq, hkv=hkv, kv_len=S, chunk_size=chunk, stages=st, us=us, tbs=nbytes / us / 1e6,
-                       pct_copy=100 * nbytes / us / 1e6 / copy_tbs, err=err,
-                       peers={n: dict(us=peer_us[n], err=peer_err[n]) for n in peers})
-            rows.append(row)
-            del fn
-        del q, k, v
+        peer_err = {n: (error(o) if fn else None) for n, (fn, o) in peers.items()}
+        for chunk, st, fused in itertools.product(chunks, stages, merges):
+            nhd = _pykda(q, k_nhd, v_nhd, batched, "NHD", chunk, st, fused)
+            hnd = _pykda(q, k_hnd, v_hnd, batched, "HND", chunk, st, fused)
+            err_nhd, err_hnd = error(nhd()), error(hnd())
+            us_nhd, us = timer.median_us(nhd), timer.median_us(hnd)
+            rows.append(dict(batch=B, hq=hq, hkv=hkv, kv_len=S, chunk_size=chunk, stages=st, fused_merge=fused,
+                             us=us, us_nhd=us_nhd, tbs=nbytes / us / 1e6, pct_copy=100 * nbytes / us / 1e6 / copy_tbs,
+                             err=err_hnd, err_nhd=err_nhd,
+                             peers={n: dict(us=peer_us[n], err=peer_err[n]) for n in peers}))
+            del nhd, hnd
+        del q, k_hnd, v_hnd, k_nhd, v_nhd
         torch.cuda.empty_cache()
     _print_table(rows, sweep)
     return rows
@@ -94,16 +135,19 @@ def run(args):
 
 def _print_table(rows, sweep):
     peers = sorted({n for r in rows for n in r["peers"]})
-    head = f"{'Hq/Hkv':>7} {'kv_len':>7} " + ("chunk stg " if sweep else "") + \
-        f"{'pykda us':>9} {'TB/s':>5} {'%copy':>5} {'err':>7} " + \
+    head = f"{'Hq/Hkv':>7} {'B':>4} {'kv_len':>7} " + ("chunk stg merge " if sweep else "") + \
+        f"{'NHD us':>8} {'HND us':>8} {'TB/s':>5} {'%copy':>5} {'err':>7} " + \
         " ".join(f"{p + ' us':>10} {'x':>5}" for p in peers)
-    print("\n" + head)
+    print("\nTB/s, % copy, err and the ratios x (peer us / pykda us) are pykda on the peers' HND buffers")
+    print(head)
     for r in rows:
-        line = f"{r['hq']:>3}/{r['hkv']:<3} {r['kv_len']:>7} "
+        line = f"{r['hq']:>3}/{r['hkv']:<3} {r['batch']:>4} {r['kv_len']:>7} "
         if sweep:
-            line += f"{str(r['chunk_size'] or 'auto'):>5} {str(r['stages'] or 'd'):>3} "
-        line += f"{r['us']:9.1f} {r['tbs']:5.2f} {r['pct_copy']:5.1f} {r['err']:7.1e} "
+            line += f"{str(r['chunk_size'] or 'auto'):>5} {str(r['stages'] or 'd'):>3} " \
+                    f"{'last' if r['fused_merge'] else 'kernel':>5} "
+        line += f"{r['us_nhd']:8.1f} {r['us']:8.1f} {r['tbs']:5.2f} {r['pct_copy']:5.1f} " \
+                f"{max(r['err'], r['err_nhd']):7.1e} "
         for p in peers:
-            pu = r["peers"][p]["us"]
+            pu = r["peers"].get(p, {}).get("us")   # compile: single sequences only
             line += f"{pu:10.1f} {pu / r['us']:5.2f} " if pu else f"{'-':>10} {'-':>5} "
         print(line)

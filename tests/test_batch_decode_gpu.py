@@ -1,0 +1,152 @@
+"""GPU tests of batch_decode_with_padded_kv_cache against the float64 reference (run on the H200).
+
+Rows past each sequence's length hold NaN and the outputs start as NaN: the kernel must read
+only the rows it owns and write every output element."""
+import itertools
+
+import numpy as np
+import pytest
+
+import pykda
+from pykda import reference, runtime
+from pykda.ops import decode
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+cp = pytest.importorskip("cupy")
+TOL = {"bfloat16": 1e-2, "float16": 2e-3}
+
+
+def make(B, S, hq, hkv, d, dtype, lens, seed):
+    """q [B, hq, d] and NHD k, v [B, S, hkv, d] with NaN past each length."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dt = getattr(torch, dtype)
+    q = (2 * torch.randn(B, hq, d, generator=g, device="cuda")).to(dt)
+    k = torch.randn(B, S, hkv, d, generator=g, device="cuda").to(dt)
+    v = torch.randn(B, S, hkv, d, generator=g, device="cuda").to(dt)
+    for b, n in enumerate(lens):
+        k[b, n:], v[b, n:] = float("nan"), float("nan")
+    return q, k, v
+
+
+def as_layout(x, layout):
+    return x if layout == "NHD" else x.transpose(1, 2).contiguous()
+
+
+def ref(q, k, v, lens, scale=None):
+    """Per-sequence float64 reference over the first lens[b] rows (NHD k, v)."""
+    outs, lses = [], []
+    for b, n in enumerate(lens):
+        o, lse = reference.decode_attention(*(cp.from_dlpack(x.double().contiguous()) for x in (q[b], k[b, :n], v[b, :n])),
+                                            scale=scale)
+        outs.append(cp.asnumpy(o))
+        lses.append(cp.asnumpy(lse))
+    return outs, lses
+
+
+def check(o, lse, expected, lens, dtype):
+    o, lse = o.float().cpu().numpy(), lse.cpu().numpy()
+    assert np.isfinite(o).all(), "every output element written, no padding row read"
+    o_ref, lse_ref = expected
+    for b, n in enumerate(lens):
+        if n == 0:
+            assert (o[b] == 0).all() and (lse[b] == -np.inf).all(), "an empty sequence gives zeros, LSE -inf"
+            continue
+        err = reference.relative_error(o[b].astype(np.float64), o_ref[b])
+        assert err < TOL[dtype], f"sequence {b} (length {n}): relative L2 error {err:.2e}"
+        assert np.abs(lse[b] - lse_ref[b]).max() < 2e-3
+
+
+def lengths(B, S, seed):
+    """Each sequence's length: 0, 1 and S among them, the rest random."""
+    fixed = [S, 0, 1, max(S - 1, 0)][:B] if B > 1 else [S]
+    rng = np.random.default_rng(seed)
+    return fixed + [int(x) for x in rng.integers(0, S + 1, B - len(fixed))]
+
+
+HEADS, DIMS, DTYPES = [(32, 8), (8, 8), (8, 1)], [64, 128, 256], ["bfloat16", "float16"]
+# every (heads, head_dim, dtype) among the (S, B, layout) cases
+CASES = [(S, B, layout, *HEADS[i % 3], DIMS[i // 3 % 3], DTYPES[i // 9 % 2])
+         for i, (S, B, layout) in enumerate(itertools.product((1, 17, 1000, 8192), (1, 3, 8), ("NHD", "HND")))]
+
+
+@pytest.mark.parametrize("S, B, layout, hq, hkv, d, dtype", CASES)
+def test_matches_reference(S, B, layout, hq, hkv, d, dtype):
+    lens = lengths(B, S, seed=S + B)
+    q, k, v = make(B, S, hq, hkv, d, dtype, lens, seed=S * 7 + B + d)
+    kv_lens = None if (B == 1 and layout == "NHD") else torch.tensor(lens, dtype=torch.int32, device="cuda")
+    out = torch.full_like(q, float("nan"))
+    o, lse = pykda.batch_decode_with_padded_kv_cache(q, as_layout(k, layout), as_layout(v, layout), kv_layout=layout,
+                                                     kv_lens=kv_lens, out=out, return_lse=True)
+    assert o is out and lse.shape == (B, hq) and lse.dtype == torch.float32
+    check(o, lse, ref(q, k, v, lens), lens, dtype)
+
+
+def test_split_sequences_of_different_lengths_and_scale():
+    """A forced small chunk: sequences of 0, 1, 64, 65 and 1000 rows take 1..16 chunks each."""
+    lens = [0, 1, 64, 65, 1000]
+    q, k, v = make(5, 1000, 16, 4, 128, "bfloat16", lens, seed=1)
+    kv_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    o, lse = pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_lens=kv_lens, scale=0.3, return_lse=True, chunk_size=64)
+    check(o, lse, ref(q, k, v, lens, scale=0.3), lens, "bfloat16")
+
+
+def test_second_launch_merge_gives_the_same_bits():
+    lens = [8192, 3000, 0]
+    q, k, v = make(3, 8192, 32, 8, 128, "bfloat16", lens, seed=2)
+    kv_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    fused, lse_f = decode.flash_decode(q, k, v, batched=True, kv_lens=kv_lens, return_lse=True)
+    two, lse_2 = decode.flash_decode(q, k, v, batched=True, kv_lens=kv_lens, return_lse=True, fused_merge=False)
+    assert torch.equal(fused, two) and torch.equal(lse_f, lse_2)
+    check(fused, lse_f, ref(q, k, v, lens), lens, "bfloat16")
+
+
+def test_strided_hnd_views_of_a_larger_cache():
+    B, S, S_max, hkv, d = 3, 3000, 4096, 8, 128
+    lens = [3000, 17, 2048]
+    q = torch.randn(B, 32, d, device="cuda").to(torch.bfloat16)
+    cache = torch.randn(B, 2, hkv, S_max, d, device="cuda").to(torch.bfloat16)   # [B, K|V, H, S_max, D]
+    k, v = cache[:, 0, :, :S], cache[:, 1, :, :S]
+    kv_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    o, lse = pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_layout="HND", kv_lens=kv_lens, return_lse=True)
+    check(o, lse, ref(q, k.transpose(1, 2), v.transpose(1, 2), lens), lens, "bfloat16")
+
+
+def counters_now(device=0):
+    """The ticket counters of torch's current stream, as a CuPy view."""
+    stream = torch.cuda.current_stream().cuda_stream
+    ptr = runtime.workspace(device, stream, 4 << 10, zeroed=True)
+    return cp.ndarray((1 << 10,), cp.uint32, cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(ptr, 4 << 10, None), 0))
+
+
+def test_cuda_graph_replay_with_new_lengths_and_data_resets_the_counters():
+    B, S, hq, hkv, d = 3, 8192, 32, 8, 128
+    q, k, v = make(B, S, hq, hkv, d, "bfloat16", [S] * B, seed=3)
+    kv_lens = torch.tensor([S, 5000, 1], dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):   # warm-up on the capture stream: compile, grow its workspace and counters
+        pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_lens=kv_lens, out=out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        _, lse_graph = pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_lens=kv_lens, out=out, return_lse=True)
+    for seed, lens in ((4, [4097, 8192, 0]), (5, [1, 63, 8191])):
+        q2, k2, v2 = make(B, S, hq, hkv, d, "bfloat16", lens, seed=seed)
+        q.copy_(q2), k.copy_(k2), v.copy_(v2), kv_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, lse_graph, ref(q2, k2, v2, lens), lens, "bfloat16")
+    with torch.cuda.stream(s):
+        assert int(counters_now().max()) == 0, "every split head group left its counter at zero"
+
+
+def test_bad_inputs_raise_before_launch():
+    q, k, v = make(2, 100, 32, 8, 128, "bfloat16", [100, 100], seed=6)
+    with pytest.raises(TypeError, match="kv_lens must have dtype int32; got int64"):
+        pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_lens=torch.zeros(2, dtype=torch.int64, device="cuda"))
+    with pytest.raises(ValueError, match="q and k must have the same batch size"):
+        pykda.batch_decode_with_padded_kv_cache(q[:1], k, v)
+    with pytest.raises(ValueError, match="kv_layout must be one of"):
+        pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_layout="BHSD")
