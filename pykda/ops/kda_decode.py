@@ -18,6 +18,7 @@ from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_c
 STATE_CTYPES = {"float32": "float", "bfloat16": "bf16_t"}
 INDEX_CTYPES = {"int32": "int", "int64": "long long"}
 WARPS = 4             # consumer warps; one more warp produces
+PREFETCH_AHEAD = 3    # tiles between the L1 prefetch of a tile's inputs and their use
 
 
 class KdaDecodeProblem(NamedTuple):
@@ -85,7 +86,7 @@ def plan_kda_decode(p: KdaDecodeProblem, sm_count: int, smem_per_sm: int, rpt: i
 def kda_decode_spec(p: KdaDecodeProblem, rpt: int, stages: int, arch: str) -> runtime.KernelSpec:
     return runtime.KernelSpec.make("kda_decode", {
         "K": p.dim, "STATE": STATE_CTYPES[p.state_dtype], "RPT": rpt, "STAGES": stages, "WARPS": WARPS,
-        "MIN_CTAS": min_ctas(p.state_dtype, rpt), "IDX_T": INDEX_CTYPES[p.index_dtype],
+        "MIN_CTAS": min_ctas(p.state_dtype, rpt), "AHEAD": PREFETCH_AHEAD, "IDX_T": INDEX_CTYPES[p.index_dtype],
         "CU_T": INDEX_CTYPES[p.cu_dtype]}, arch, kernels=("kda_decode",))
 
 

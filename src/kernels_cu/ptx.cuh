@@ -59,6 +59,11 @@ PYKDA_DEVICE void tma_load_4d(void* dst, const TensorMap* map, uint64_t* bar, in
       : "memory");
 }
 
+// Pull the line holding `p` into L1 (and L2); no register waits on it.
+PYKDA_DEVICE void prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(reinterpret_cast<uint64_t>(p)));
+}
+
 // Shared memory written by ordinary stores and read next by the async proxy needs this fence.
 PYKDA_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
