@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import inspect
-import struct
 import sys
 import timeit
 import types
@@ -30,7 +28,7 @@ if __name__ == "__main__":   # run as a script: this checkout's pykda and tests/
 
 torch = pytest.importorskip("torch") if __name__ != "__main__" else __import__("torch")
 
-from pykda.ops import checks, kda_decode  # noqa: E402
+from pykda.ops import kda_decode  # noqa: E402
 from pykda.runtime import arrays, device, launch  # noqa: E402
 
 from fakes import device_array  # noqa: E402

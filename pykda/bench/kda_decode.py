@@ -1,8 +1,22 @@
-"""`python -m pykda bench kda-decode`: the KDA decode step on a pool of states vs fla's
-`fused_recurrent_kda`, same inputs; kernel µs (cold L2, CUDA events), host µs per call,
-state TB/s (read + write)."""
+"""`python -m pykda bench kda-decode [--quick]`: the KDA decode step on a pool of states vs fla,
+same inputs, same work: each sequence reads its pool row (picked by the index array) and writes it
+back in place.
+
+fla is called on its serving path, `fla.ops.kda.fused_recurrent.fused_recurrent_kda_fwd(...,
+initial_state=pool, ssm_state_indices=idx, inplace_final_state=True)`, the forward vLLM-style
+engines call. (The public `fla.ops.kda.fused_recurrent_kda` takes `ssm_state_indices` and
+`inplace_final_state` into **kwargs and drops them: it reads pool rows 0..B-1 and writes no state,
+half the traffic. It is used, and labelled, only where the forward cannot be imported.) Both
+outputs and updated pool rows are checked against a float64 reference.
+
+Columns: kernel µs (cold L2, CUDA events, median); host µs per call in a tight loop; "graph" host
+µs per call when the call is captured once in a CUDA graph and replayed; state TB/s (read +
+write); % of the 4 GiB copy's bandwidth and % of a copy of the same number of bytes (cold L2:
+small problems cannot reach the big copy's bandwidth).
+"""
 from __future__ import annotations
 
+import inspect
 import time
 
 from .. import reference
@@ -11,13 +25,30 @@ from . import timing
 
 BATCHES = (1, 8, 64, 256)
 HEADS = (32, 8)
+POOLS = ("float32", "bfloat16")
+QUICK = (("float32", 32, 1), ("float32", 32, 64), ("float32", 8, 256), ("bfloat16", 32, 64))
 D = 128
+LOWER_BOUND = -5.0
+SERVING = "fused_recurrent_kda_fwd"
+PUBLIC = "fused_recurrent_kda (public: reads rows 0..B-1, writes no state)"
+# fla's forward ends in **kwargs: a misspelt keyword would be dropped silently, so every keyword
+# the bench passes must be one of its parameters.
+FLA_KEYWORDS = ("A_log", "dt_bias", "initial_state", "scale", "inplace_final_state", "ssm_state_indices",
+                "use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "lower_bound",
+                "state_v_first")
+
+
+def cases(quick: bool) -> list[tuple[str, int, int]]:
+    """(pool dtype, heads, batch) rows."""
+    if quick:
+        return list(QUICK)
+    return [(pool, H, B) for pool in POOLS for H in HEADS for B in BATCHES]
 
 
 def _inputs(B, H, pool_dtype):
     import torch
     g = torch.Generator(device="cuda").manual_seed(B * H)
-    rnd = lambda *s: torch.randn(*s, generator=g, device="cuda")
+    rnd = lambda *s: torch.randn(*s, generator=g, device="cuda")   # noqa: E731
     bf = torch.bfloat16
     x = dict(q=rnd(B, 1, H, D).to(bf), k=rnd(B, 1, H, D).to(bf), v=rnd(B, 1, H, D).to(bf),
              g=rnd(B, 1, H, D).to(bf), beta=rnd(B, 1, H).to(bf),
@@ -27,15 +58,55 @@ def _inputs(B, H, pool_dtype):
     return x, pool, idx
 
 
-def _fla():
+def fla_peer():
+    """(call(x, pool, idx) -> o, label, serving?) for fla, or (None, reason, False).
+
+    The serving forward where it imports and takes every keyword the bench passes; else the
+    public wrapper (not the same work: labelled)."""
     try:
-        from fla.ops.kda import fused_recurrent_kda as fla_kda
-        return fla_kda
-    except Exception:
-        return None
+        from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd as fwd
+        params = inspect.signature(fwd).parameters
+        missing = [n for n in FLA_KEYWORDS if n not in params]
+        if missing:
+            raise TypeError(f"fused_recurrent_kda_fwd has no parameter {', '.join(missing)}")
+    except Exception as exc:
+        fwd, why = None, f"{type(exc).__name__}: {exc}"[:200]
+    if fwd is not None:
+        def serving(x, pool, idx):
+            o, _ = fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                       initial_state=pool, scale=D ** -0.5, inplace_final_state=True, ssm_state_indices=idx,
+                       use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                       lower_bound=LOWER_BOUND, state_v_first=True)
+            return o
+        return serving, SERVING, True
+    try:
+        from fla.ops.kda import fused_recurrent_kda as public
+    except Exception as exc:
+        return None, f"fla not importable ({type(exc).__name__}: {exc})"[:200], False
+
+    def fallback(x, pool, idx):
+        o, _ = public(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                      initial_state=pool, scale=D ** -0.5, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                      use_beta_sigmoid_in_kernel=True, lower_bound=LOWER_BOUND, state_v_first=True)
+        return o
+    return fallback, f"{PUBLIC}; the forward: {why}", False
+
+
+def step_error(x, o, before, after, row: int | None, read_row: int) -> float:
+    """Max relative error (vs float64) of sequence 0's output and, where `row` is given, of its
+    updated pool row; `read_row` is the row its initial state was read from."""
+    f64 = lambda t: t.double().cpu().numpy()   # noqa: E731
+    o_ref, s_ref = reference.kda_recurrent(
+        *(f64(x[n][:1]) for n in ("q", "k", "v", "g", "beta")), A_log=f64(x["A_log"]), dt_bias=f64(x["dt_bias"]),
+        lower_bound=LOWER_BOUND, initial_state=f64(before[read_row:read_row + 1]))
+    err = reference.relative_error(f64(o[:1]), o_ref)
+    if row is not None:
+        err = max(err, reference.relative_error(f64(after[row:row + 1]), s_ref))
+    return err
 
 
 def host_us(fn, n=300) -> float:
+    """Host µs per call of `fn` in a tight loop (the GPU may still be busy after)."""
     import torch
     fn()
     torch.cuda.synchronize()
@@ -47,52 +118,102 @@ def host_us(fn, n=300) -> float:
     return us
 
 
+def graph_host_us(fn, n=300) -> float:
+    """Host µs per replay of a CUDA graph that holds one call of `fn` (captured after a warm-up)."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    try:
+        return host_us(graph.replay, n)
+    finally:
+        del graph
+
+
+def _measure(row, prefix, fn, timer, repeats, host_n):
+    """Kernel µs, host µs and graph host µs of `fn` into row[prefix + ...]; errors as text."""
+    try:
+        row[prefix + "us"] = timer.median_us(fn, warmup=10, repeats=repeats)
+        row[prefix + "host_us"] = host_us(fn, host_n)
+    except Exception as exc:
+        row[prefix + "error"] = f"{type(exc).__name__}: {exc}"[:200]
+        return
+    try:
+        row[prefix + "graph_us"] = graph_host_us(fn, host_n)
+    except Exception as exc:
+        row[prefix + "graph_error"] = f"{type(exc).__name__}: {exc}"[:200]
+
+
 def run(args):
     import torch
+    quick = bool(getattr(args, "quick", False))
+    repeats, host_n = (30, 100) if quick else (100, 300)
     timer, copy_tbs = timing.start()
-    fla_kda = _fla()
+    fla = fla_peer()
+    print(f"fla: {fla[1]}")
     rows = []
-    for pool_dtype in ("float32", "bfloat16"):
-        for H in HEADS:
-            for B in BATCHES:
-                x, pool, idx = _inputs(B, H, pool_dtype)
-                state_bytes = 2 * B * H * D * D * pool.element_size()
-                ours = lambda: fused_recurrent_kda(**x, initial_state=pool, state_indices=idx)
-                # correctness on this run's inputs, one step from a saved pool
-                before = pool.clone()
-                o = ours()
-                i0 = int(idx[0])
-                o_ref, s_ref = reference.kda_recurrent(
-                    *(x[n][:1].double().cpu().numpy() for n in ("q", "k", "v", "g", "beta")),
-                    A_log=x["A_log"].double().cpu().numpy(), dt_bias=x["dt_bias"].double().cpu().numpy(),
-                    initial_state=before[i0:i0 + 1].double().cpu().numpy())
-                err = max(reference.relative_error(o[:1].double().cpu().numpy(), o_ref),
-                          reference.relative_error(pool[i0:i0 + 1].double().cpu().numpy(), s_ref))
-                us = timer.median_us(ours, warmup=10, repeats=100)
-                row = dict(pool=pool_dtype, H=H, B=B, us=us, host_us=host_us(ours), tbs=state_bytes / us / 1e6,
-                           pct_copy=100 * state_bytes / us / 1e6 / copy_tbs, err=err, fla_us=None, fla_host_us=None)
-                if fla_kda is not None and pool_dtype == "float32":
-                    fla_pool = pool.clone()
-                    def theirs():
-                        return fla_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"],
-                                       dt_bias=x["dt_bias"], initial_state=fla_pool, ssm_state_indices=idx,
-                                       use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-                                       use_beta_sigmoid_in_kernel=True, lower_bound=-5.0, state_v_first=True,
-                                       inplace_final_state=True)
-                    try:
-                        theirs()
-                        row["fla_us"] = timer.median_us(theirs, warmup=10, repeats=100)
-                        row["fla_host_us"] = host_us(theirs)
-                    except Exception as exc:
-                        row["fla_error"] = f"{type(exc).__name__}: {exc}"[:200]
-                rows.append(row)
-                del x, pool, before
-                torch.cuda.empty_cache()
-    print(f"\n{'pool':>8} {'H':>3} {'B':>4} {'pykda us':>9} {'host us':>8} {'TB/s':>5} {'%copy':>5} {'err':>7} "
-          f"{'fla us':>8} {'fla host':>8} {'x fla':>6}")
-    for r in rows:
-        fla = f"{r['fla_us']:8.1f} {r['fla_host_us']:8.1f} {r['fla_us'] / r['us']:6.2f}" if r["fla_us"] else \
-            f"{'-':>8} {'-':>8} {'-':>6}"
-        print(f"{r['pool']:>8} {r['H']:3d} {r['B']:4d} {r['us']:9.1f} {r['host_us']:8.1f} {r['tbs']:5.2f} "
-              f"{r['pct_copy']:5.1f} {r['err']:7.1e} {fla}")
+    for pool_dtype, H, B in cases(quick):
+        rows.append(_case(pool_dtype, H, B, fla, timer, copy_tbs, repeats, host_n))
+        torch.cuda.empty_cache()
+    _print(rows, fla[1])
     return rows
+
+
+def _case(pool_dtype, H, B, fla_entry, timer, copy_tbs, repeats, host_n) -> dict:
+    """One row: ours and fla on the same inputs, each from its own copy of the pool."""
+    fla, fla_label, fla_serving = fla_entry
+    x, pool, idx = _inputs(B, H, pool_dtype)
+    state_bytes = 2 * B * H * D * D * pool.element_size()   # each row read and written once
+    ours = lambda: fused_recurrent_kda(**x, initial_state=pool, state_indices=idx)   # noqa: E731
+    i0 = int(idx[0])
+    before = pool.clone()   # correctness on this run's inputs, one step from a saved pool
+    o = ours()
+    row = dict(pool=pool_dtype, H=H, B=B, state_bytes=state_bytes,
+               err=step_error(x, o, before, pool, i0, i0), fla=fla_label)
+    del before, o
+    _measure(row, "", ours, timer, repeats, host_n)
+    copy_us = timer.copy_us(state_bytes // 2, repeats=repeats)
+    row["copy_us"] = copy_us
+    if row.get("us"):
+        row["tbs"] = state_bytes / row["us"] / 1e6
+        row["pct_copy"] = 100 * row["tbs"] / copy_tbs
+        row["pct_same_copy"] = 100 * copy_us / row["us"]
+    if fla is None:
+        return row
+    fla_pool = pool.clone()
+    theirs = lambda: fla(x, fla_pool, idx)   # noqa: E731
+    try:
+        fla_before = fla_pool.clone()
+        o_fla = theirs()
+        row["fla_err"] = (step_error(x, o_fla, fla_before, fla_pool, i0, i0) if fla_serving else
+                          step_error(x, o_fla, fla_before, fla_pool, None, 0))   # output only
+        del fla_before, o_fla
+        _measure(row, "fla_", theirs, timer, repeats, host_n)
+    except Exception as exc:
+        row["fla_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    return row
+
+
+def _cell(value, fmt, width):
+    return f"{value:{width}{fmt}}" if value is not None else f"{'-':>{width}}"
+
+
+def _print(rows, fla_label):
+    print(f"\nfla: {fla_label}")
+    print(f"{'pool':>8} {'H':>3} {'B':>4} {'us':>7} {'host':>6} {'graph':>6} {'TB/s':>5} {'%copy':>5} "
+          f"{'%same':>5} {'err':>7} | {'fla us':>7} {'host':>6} {'graph':>6} {'err':>7} {'x fla':>6}")
+    for r in rows:
+        g = r.get
+        ratio = g("fla_us") / g("us") if g("fla_us") and g("us") else None
+        print(f"{r['pool']:>8} {r['H']:3d} {r['B']:4d} {_cell(g('us'), '.1f', 7)} {_cell(g('host_us'), '.1f', 6)} "
+              f"{_cell(g('graph_us'), '.1f', 6)} {_cell(g('tbs'), '.2f', 5)} {_cell(g('pct_copy'), '.0f', 5)} "
+              f"{_cell(g('pct_same_copy'), '.0f', 5)} {_cell(g('err'), '.1e', 7)} | {_cell(g('fla_us'), '.1f', 7)} "
+              f"{_cell(g('fla_host_us'), '.1f', 6)} {_cell(g('fla_graph_us'), '.1f', 6)} "
+              f"{_cell(g('fla_err'), '.1e', 7)} {_cell(ratio, '.2f', 6)}")
+    errors = [(r["pool"], r["H"], r["B"], k, v) for r in rows for k, v in r.items() if k.endswith("error")]
+    for pool, H, B, k, v in errors:
+        print(f"  {pool} H={H} B={B} {k}: {v}")
+    print("us: kernel (cold L2); host/graph: host µs per call, plain and as a CUDA-graph replay; "
+          "%copy: of the 4 GiB copy's TB/s; %same: of a copy of the same bytes")

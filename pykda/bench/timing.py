@@ -28,14 +28,17 @@ class Timer:
         torch.cuda.synchronize()
         return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
 
-    def copy_bandwidth_tbs(self, nbytes: int = 4 << 30) -> float:
-        """Device-to-device copy, bytes read + written, TB/s (the memory ceiling)."""
+    def copy_us(self, nbytes: int, warmup: int = 3, repeats: int = 50) -> float:
+        """Median µs of one device-to-device copy of `nbytes` bytes (`nbytes` read and `nbytes`
+        written), cold L2: the reference for a kernel that moves the same bytes."""
         torch = self.torch
         a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         b = torch.empty_like(a)
-        us = self.median_us(lambda: b.copy_(a), warmup=3, repeats=10)
-        del a, b
-        return 2 * nbytes / us / 1e6
+        return self.median_us(lambda: b.copy_(a), warmup=warmup, repeats=repeats)
+
+    def copy_bandwidth_tbs(self, nbytes: int = 4 << 30) -> float:
+        """Device-to-device copy, bytes read + written, TB/s (the memory ceiling)."""
+        return 2 * nbytes / self.copy_us(nbytes, warmup=3, repeats=10) / 1e6
 
 
 def start() -> tuple[Timer, float]:
