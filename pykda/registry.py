@@ -35,9 +35,9 @@ def kda_decode_specs(arch: str) -> Iterator[KernelSpec]:
                 p = KdaDecodeProblem(1, 1, 32, dim, 1, 1, state, idx, "int32")
                 for rpt in (1, 2, 4, 8):
                     if tile_rows(p, rpt) <= dim:
-                        yield kda_decode_spec(p, rpt, default_stages(state, rpt, H200_SMEM_PER_SM), arch)
-            yield kda_decode_spec(KdaDecodeProblem(1, 1, 32, dim, 1, 1, state, "int32", "int64"), 1,
-                                  default_stages(state, 1, H200_SMEM_PER_SM), arch)
+                        yield kda_decode_spec(p, rpt, default_stages(p, rpt, H200_SMEM_PER_SM), arch)
+            packed = KdaDecodeProblem(1, 6, 32, dim, 3, 4, state, "int32", "int64")
+            yield kda_decode_spec(packed, 1, default_stages(packed, 1, H200_SMEM_PER_SM), arch)
 
 
 def kda_specs(arch: str) -> Iterator[KernelSpec]:

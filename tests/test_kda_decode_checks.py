@@ -41,6 +41,8 @@ def test_valid_problem_is_described():
     (dict(cu_seqlens=arr((3,), "int32")), ValueError, "batch size must be 1"),
     (dict(state_indices=None, state=arr((2, 8, 128, 128))), ValueError, "needs at least 4 rows"),
     (dict(q=arr((4, 1, 8, 128), ptr=BASE + 2)), ValueError, "q must start at a 16-byte aligned address"),
+    (dict(v=arr((4, 1, 8, 128), ptr=BASE + 8)), ValueError, "v must start at a 16-byte aligned address"),
+    (dict(v=arr((4, 1, 8, 128), strides=(1036, 1036, 128, 1))), ValueError, "v: stride 1036 of dim 0"),
     (dict(out=arr((4, 1, 8, 64))), ValueError, "out must have shape"),
     (dict(v=arr((4, 1, 8, 128), device=1)), ValueError, "all arrays must be on one device"),
 ])
@@ -66,7 +68,7 @@ def test_plan_fills_the_gpu_and_tiles_v(state, dim):
         assert dim % rows == 0 and plan.n_tiles == batch * 32 * dim // rows
         per_sm = min_ctas(state, plan.rpt)
         assert plan.grid == min(plan.n_tiles, 132 * per_sm)
-        assert per_sm * (plan.smem + 1024) <= 233472 and plan.stages >= 4, "a deep ring for each CTA of an SM"
+        assert per_sm * (plan.smem + 1024) <= 233472 and plan.stages == 3, "three stages for each CTA of an SM"
         if batch >= 64:
             assert plan.rpt == 8 or tile_rows(p, 2 * plan.rpt) > dim
         if batch == 1:

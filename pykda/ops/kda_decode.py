@@ -18,7 +18,8 @@ from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_c
 STATE_CTYPES = {"float32": "float", "bfloat16": "bf16_t"}
 INDEX_CTYPES = {"int32": "int", "int64": "long long"}
 WARPS = 4             # consumer warps; one more warp produces
-PREFETCH_AHEAD = 3    # tiles between the L1 prefetch of a tile's inputs and their use
+RING_STAGES = 3
+MAX_STAGED_TOKENS = 8 # tokens per tile whose inputs ride the ring (more are read from global memory)
 
 
 class KdaDecodeProblem(NamedTuple):
@@ -58,10 +59,23 @@ def min_ctas(state_dtype: str, rpt: int) -> int:
     return 2 if state_dtype == "bfloat16" and rpt == 8 else 3
 
 
-def default_stages(state_dtype: str, rpt: int, smem_per_sm: int) -> int:
-    """As deep a ring as min_ctas CTAs per SM can hold, at most 8 tiles."""
-    per_cta = smem_per_sm // min_ctas(state_dtype, rpt) - 3072   # alignment slack, static smem, reserve
-    return max(2, min(8, per_cta // tile_bytes(rpt)))
+def staged_tokens(p: KdaDecodeProblem) -> int:
+    """Tokens per tile whose inputs the producer stages: all of them for T <= 8; with
+    cu_seqlens (lengths unknown on the host) the mean length, rounded up."""
+    per_seq = p.tokens if p.batch > 1 or p.sequences == 1 else -(-p.tokens // p.sequences)
+    return max(1, min(MAX_STAGED_TOKENS, per_seq))
+
+
+def stage_bytes(p: KdaDecodeProblem, rpt: int) -> int:
+    """A ring stage: the state tile, then per staged token the q, k, g, v rows and a β word."""
+    return -(-(tile_bytes(rpt) + staged_tokens(p) * (4 * p.dim * 2 + 4)) // 128) * 128
+
+
+def default_stages(p: KdaDecodeProblem, rpt: int, smem_per_sm: int) -> int:
+    """Three stages (a deeper ring only lengthens HBM's queues), fewer if min_ctas CTAs per SM
+    cannot hold them."""
+    per_cta = smem_per_sm // min_ctas(p.state_dtype, rpt) - 3072   # alignment slack, static smem, reserve
+    return max(2, min(RING_STAGES, per_cta // stage_bytes(p, rpt)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -75,8 +89,8 @@ def plan_kda_decode(p: KdaDecodeProblem, sm_count: int, smem_per_sm: int, rpt: i
                    fits[-1])
     elif rpt not in (1, 2, 4, 8) or tile_rows(p, rpt) > p.dim:
         raise ValueError(f"rows_per_thread must be 1, 2, 4 or 8 with at most {p.dim} rows per tile; got {rpt}")
-    stages = stages or default_stages(p.state_dtype, rpt, smem_per_sm)
-    smem = stages * tile_bytes(rpt) + 1024   # + alignment slack
+    stages = stages or default_stages(p, rpt, smem_per_sm)
+    smem = stages * stage_bytes(p, rpt) + 1024   # + alignment slack
     n_tiles = p.sequences * p.heads * (p.dim // tile_rows(p, rpt))
     per_sm = max(1, min(min_ctas(p.state_dtype, rpt), smem_per_sm // (smem + 1024)))
     return KdaDecodePlan(rpt=rpt, stages=stages, n_tiles=n_tiles, grid=min(n_tiles, sm_count * per_sm), smem=smem)
@@ -86,7 +100,7 @@ def plan_kda_decode(p: KdaDecodeProblem, sm_count: int, smem_per_sm: int, rpt: i
 def kda_decode_spec(p: KdaDecodeProblem, rpt: int, stages: int, arch: str) -> runtime.KernelSpec:
     return runtime.KernelSpec.make("kda_decode", {
         "K": p.dim, "STATE": STATE_CTYPES[p.state_dtype], "RPT": rpt, "STAGES": stages, "WARPS": WARPS,
-        "MIN_CTAS": min_ctas(p.state_dtype, rpt), "AHEAD": PREFETCH_AHEAD, "IDX_T": INDEX_CTYPES[p.index_dtype],
+        "MIN_CTAS": min_ctas(p.state_dtype, rpt), "TMAX": staged_tokens(p), "IDX_T": INDEX_CTYPES[p.index_dtype],
         "CU_T": INDEX_CTYPES[p.cu_dtype]}, arch, kernels=("kda_decode",))
 
 
@@ -96,10 +110,9 @@ def validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, 
     B, T, H, K = check_kda_inputs(q, k, v, g, beta, A_log, dt_bias)
     if T < 1:
         raise ValueError(f"q must hold at least one token (T >= 1); got T = {T}")
-    for name, x in (("q", q), ("k", k), ("g", g)):
+    for name, x in (("q", q), ("k", k), ("g", g), ("v", v)):   # rows copied in 16-byte pieces
         check_inner_contiguous(x, name)
         check_aligned(x, name, 16)
-    check_inner_contiguous(v, "v")
     if state is None:
         raise ValueError("initial_state (the state pool [P, H, V, K]) is required: it is updated in place")
     check_dtype(state, "initial_state", tuple(STATE_CTYPES))

@@ -59,9 +59,19 @@ PYKDA_DEVICE void tma_load_4d(void* dst, const TensorMap* map, uint64_t* bar, in
       : "memory");
 }
 
-// Pull the line holding `p` into L1 (and L2); no register waits on it.
-PYKDA_DEVICE void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(reinterpret_cast<uint64_t>(p)));
+// ---- cp.async: per-thread asynchronous global -> shared copies, completing on an mbarrier ----
+PYKDA_DEVICE void cp_async_16(void* dst, const void* src) {   // both 16-byte aligned
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(src))
+               : "memory");
+}
+PYKDA_DEVICE void cp_async_4(void* dst, const void* src) {    // both 4-byte aligned
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(src))
+               : "memory");
+}
+// Arrive on `bar` once this thread's earlier cp.async copies have landed (counted in the
+// barrier's expected arrivals).
+PYKDA_DEVICE void cp_async_mbar_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
 // Shared memory written by ordinary stores and read next by the async proxy needs this fence.
