@@ -6,6 +6,7 @@ import math
 
 from ..runtime.arrays import DeviceArray
 
+FLOAT32_MAX = 3.4028234663852886e38
 ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8}
 
 
@@ -64,8 +65,8 @@ def check_contiguous(a: DeviceArray, name: str) -> None:
 def resolve_scale(scale, dim: int) -> float:
     """The softmax/readout scale: 1/sqrt(dim) by default; must be finite."""
     scale = float(scale) if scale is not None else dim ** -0.5
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be finite; got {scale}")
+    if not math.isfinite(scale) or abs(scale) > FLOAT32_MAX:   # kernels take it as a float
+        raise ValueError(f"scale must be finite in float32; got {scale}")
     return scale
 
 

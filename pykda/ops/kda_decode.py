@@ -169,20 +169,23 @@ def check_state_indices(indices: np.ndarray, pool_rows: int) -> None:
 
 @functools.lru_cache(maxsize=256)
 def _kernel_for(p: KdaDecodeProblem, device: int, rpt: int | None, stages: int | None
-                ) -> tuple[KdaDecodePlan, runtime.Kernel]:
-    """The plan and the compiled kernel for problem `p` on `device` (compiled on first use)."""
+                ) -> tuple[KdaDecodePlan, runtime.Kernel, tuple]:
+    """The plan, the compiled kernel for problem `p` on `device` (compiled on first use) and
+    the kernel's int32 arguments (pool rows, tokens, heads, tiles)."""
     dev = runtime.device_info(device)
     plan = plan_kda_decode(p, dev.sm_count, dev.smem_per_sm, rpt, stages)
     if plan.smem > dev.smem_per_block_optin:
         raise ValueError(f"stages={plan.stages} needs {plan.smem} bytes of shared memory per block; "
                          f"the device allows {dev.smem_per_block_optin}")
-    return plan, runtime.get_kernel(kda_decode_spec(p, plan.rpt, plan.stages, dev.arch), device, "kda_decode")
+    kernel = runtime.get_kernel(kda_decode_spec(p, plan.rpt, plan.stages, dev.arch), device, "kda_decode")
+    return plan, kernel, tuple(map(np.int32, (p.pool_rows, p.tokens, p.heads, plan.n_tiles)))
 
 
 @functools.lru_cache(maxsize=256)
-def _layout(strides: tuple) -> bytes:
-    """The kernel's `Layout` struct: 18 element strides, passed by value."""
-    return np.asarray(strides, dtype=np.int64).tobytes()
+def _layout(q: tuple, k: tuple, g: tuple, v: tuple, beta: tuple, o: tuple) -> bytes:
+    """The kernel's `Layout` struct: 18 element strides (3 of each [B, T, H, ...] array, beta's
+    all), passed by value."""
+    return np.asarray(q[:3] + k[:3] + g[:3] + v[:3] + beta + o[:3], dtype=np.int64).tobytes()
 
 
 def fused_recurrent_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scale: float | None = None,
@@ -203,7 +206,7 @@ def fused_recurrent_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float 
     `rows_per_thread` (state rows per lane group: 1, 2, 4, 8) and `stages` (ring depth in
     tiles) override the planner, for sweeps.
     """
-    qa, ka, va, ga = (as_device_array(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (g, "g")))
+    qa, ka, va, ga = as_device_array(q, "q"), as_device_array(k, "k"), as_device_array(v, "v"), as_device_array(g, "g")
     ba, al, dt = as_device_array(beta, "beta"), as_device_array(A_log, "A_log"), as_device_array(dt_bias, "dt_bias")
     st = as_device_array(initial_state, "initial_state") if initial_state is not None else None
     idx = as_device_array(state_indices, "state_indices") if state_indices is not None else None
@@ -217,15 +220,15 @@ def fused_recurrent_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float 
         import cupy
         check_state_indices(cupy.asnumpy(cupy.from_dlpack(state_indices)), p.pool_rows)
     runtime.require_gpu()
-    plan, kernel = _kernel_for(p, qa.device, rows_per_thread, stages)
+    plan, kernel, (pool_rows, tokens, heads, n_tiles) = _kernel_for(p, qa.device, rows_per_thread, stages)
     strm = launch_stream(qa, stream)
     if out is None:
         out = empty_like_framework(qa, (p.batch, p.tokens, p.heads, p.dim), "bfloat16")
         oa = as_device_array(out, "out")
-    layout = _layout(qa.strides[:3] + ka.strides[:3] + ga.strides[:3] + va.strides[:3] + ba.strides + oa.strides[:3])
+    layout = _layout(qa.strides, ka.strides, ga.strides, va.strides, ba.strides, oa.strides)
     kernel.launch((plan.grid, 1, 1), ((WARPS + 1) * 32, 1, 1),
-                  (qa.ptr, ka.ptr, ga.ptr, va.ptr, ba.ptr, layout, al.ptr, dt.ptr, st.ptr, np.int32(p.pool_rows),
-                   idx.ptr if idx is not None else 0, cu.ptr if cu is not None else 0, np.int32(p.tokens),
-                   np.int32(p.heads), np.int32(plan.n_tiles), oa.ptr, np.float32(lower_bound), np.float32(scale)),
+                  (qa.ptr, ka.ptr, ga.ptr, va.ptr, ba.ptr, layout, al.ptr, dt.ptr, st.ptr, pool_rows,
+                   idx.ptr if idx is not None else 0, cu.ptr if cu is not None else 0, tokens, heads, n_tiles,
+                   oa.ptr, lower_bound, scale),   # lower_bound, scale: Python floats, passed as float
                   plan.smem, strm)
     return to_framework(qa, out)
