@@ -144,8 +144,10 @@ def test_plan_chunk_override_and_its_check():
 def test_scalar_options_are_checked_by_name():
     from pykda.ops.checks import check_lower_bound, check_stages, resolve_scale
     assert resolve_scale(None, 64) == 0.125 and resolve_scale(0.5, 64) == 0.5
-    with pytest.raises(ValueError, match="scale must be finite; got nan"):
+    with pytest.raises(ValueError, match="scale must be finite in float32; got nan"):
         resolve_scale(float("nan"), 128)
+    with pytest.raises(ValueError, match="scale must be finite in float32; got 1e"):
+        resolve_scale(1e39, 128)
     check_stages(None), check_stages(2), check_stages(8)
     with pytest.raises(ValueError, match="stages must be in 2..8; got 1"):
         check_stages(1)
