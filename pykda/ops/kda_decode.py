@@ -19,7 +19,6 @@ STATE_CTYPES = {"float32": "float", "bfloat16": "bf16_t"}
 INDEX_CTYPES = {"int32": "int", "int64": "long long"}
 WARPS = 4             # consumer warps; one more warp produces
 RING_STAGES = 3
-BULK_STORE = False
 MAX_STAGED_TOKENS = 8 # tokens per tile whose inputs ride the ring (more are read from global memory)
 
 
@@ -101,7 +100,7 @@ def plan_kda_decode(p: KdaDecodeProblem, sm_count: int, smem_per_sm: int, rpt: i
 def kda_decode_spec(p: KdaDecodeProblem, rpt: int, stages: int, arch: str) -> runtime.KernelSpec:
     return runtime.KernelSpec.make("kda_decode", {
         "K": p.dim, "STATE": STATE_CTYPES[p.state_dtype], "RPT": rpt, "STAGES": stages, "WARPS": WARPS,
-        "MIN_CTAS": min_ctas(p.state_dtype, rpt), "TMAX": staged_tokens(p), "BULK_STORE": BULK_STORE, "IDX_T": INDEX_CTYPES[p.index_dtype],
+        "MIN_CTAS": min_ctas(p.state_dtype, rpt), "TMAX": staged_tokens(p), "IDX_T": INDEX_CTYPES[p.index_dtype],
         "CU_T": INDEX_CTYPES[p.cu_dtype]}, arch, kernels=("kda_decode",))
 
 

@@ -59,19 +59,6 @@ PYKDA_DEVICE void tma_load_4d(void* dst, const TensorMap* map, uint64_t* bar, in
       : "memory");
 }
 
-// Contiguous shared -> global bulk copy (no tensor map) in this thread's bulk group;
-// src, dst 16-byte aligned, bytes a multiple of 16. Writes to src must be fenced first.
-PYKDA_DEVICE void bulk_store(void* dst, const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(reinterpret_cast<uint64_t>(dst)),
-               "r"(smem_addr(src)), "r"(bytes)
-               : "memory");
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-}
-// Wait until this thread's bulk stores have read their shared-memory sources (reusable).
-PYKDA_DEVICE void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
-// Wait until this thread's bulk stores are complete.
-PYKDA_DEVICE void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
-
 // ---- cp.async: per-thread asynchronous global -> shared copies, completing on an mbarrier ----
 PYKDA_DEVICE void cp_async_16(void* dst, const void* src) {   // both 16-byte aligned
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(src))
