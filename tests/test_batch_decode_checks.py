@@ -173,27 +173,22 @@ def _spec_params(p, chunk_size=None):
     return plan, decode.decode_spec(p, plan, "sm_90a").param_dict
 
 
-@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
-def test_split_batch_launches_partial_and_merges_by_ticket_or_second_kernel(offline, layout, fused):
+def test_split_batch_is_one_launch_that_merges_by_ticket(offline, layout):
     B, S, hq, hkv, d = 3, 1000, 32, 8, 128
     q, k, v = good(B, S, hq, hkv, d, layout)
     lens = arr((B,), "int32", ptr=BASE * 3)
     o, lse = decode.flash_decode(q, k, v, batched=True, kv_layout=layout, kv_lens=lens, return_lse=True,
-                                 chunk_size=128, fused_merge=fused)
+                                 chunk_size=128)
     assert tuple(o.shape) == (B, hq, d) and tuple(lse.shape) == (B, hq) and lse.dtype == "float32"
     plan, params = _spec_params(DecodeProblem(S, hq, hkv, d, "bfloat16", B), chunk_size=128)
     names = [entry[0] for entry in offline["launches"]]
-    assert names == ["decode_partial"] if fused else ["decode_partial", "decode_merge"]
+    assert names == ["decode_partial"]
     _, grid, block, smem, args = offline["launches"][0]
     assert grid == (8, hkv, B) and block == (160, 1, 1) and smem == plan.smem
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", params)
-    assert lens.ptr in args and (BASE * 4 in args) == fused
-    assert offline["zeroed"] == ([B * hkv * 4] if fused else [])
-    if not fused:
-        _, grid, block, smem, margs = offline["launches"][1]
-        assert grid == (-(-B * hq // 4), 1, 1) and block == (128, 1, 1) and smem == 0
-        assert [_KINDS[type(a)] for a in margs] == kernel_parameters("decode_merge", params)
+    assert lens.ptr in args and BASE * 4 in args
+    assert offline["zeroed"] == [B * hkv * 4]
     # both maps walk (head_dim, kv_heads, kv_len, batch), whatever the layout in memory
     row, head = (hkv * d * 2, d * 2) if layout == "NHD" else (d * 2, S * d * 2)
     assert offline["maps"] == [(n, (d, hkv, S, B), (head, row, S * hkv * d * 2), (64, 1, 64, 1)) for n in "kv"]

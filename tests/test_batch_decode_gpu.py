@@ -91,14 +91,12 @@ def test_split_sequences_of_different_lengths_and_scale():
     check(o, lse, ref(q, k, v, lens, scale=0.3), lens, "bfloat16")
 
 
-def test_second_launch_merge_gives_the_same_bits():
+def test_planner_split_with_long_short_and_empty_sequences():
     lens = [8192, 3000, 0]
     q, k, v = make(3, 8192, 32, 8, 128, "bfloat16", lens, seed=2)
     kv_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    fused, lse_f = decode.flash_decode(q, k, v, batched=True, kv_lens=kv_lens, return_lse=True)
-    two, lse_2 = decode.flash_decode(q, k, v, batched=True, kv_lens=kv_lens, return_lse=True, fused_merge=False)
-    assert torch.equal(fused, two) and torch.equal(lse_f, lse_2)
-    check(fused, lse_f, ref(q, k, v, lens), lens, "bfloat16")
+    o, lse = decode.flash_decode(q, k, v, batched=True, kv_lens=kv_lens, return_lse=True)
+    check(o, lse, ref(q, k, v, lens), lens, "bfloat16")
 
 
 def test_strided_hnd_views_of_a_larger_cache():

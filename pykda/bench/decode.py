@@ -27,11 +27,6 @@ def _ints(text):
     return [None] if not text else [int(x) or None for x in text.split(",")]
 
 
-def _merges(text):
-    """A comma list of merge variants: 1 merges split chunks in the last CTA (one launch), 0 in decode_merge."""
-    return [True] if not text else [bool(int(x)) for x in text.split(",")]
-
-
 def _cases(quick: bool):
     """(batch, Hq, Hkv, kv_len, batched op?) rows: single sequences first, then padded batches."""
     single, batch = (QUICK, QUICK_BATCH) if quick else (SHAPES, BATCH_SHAPES)
@@ -84,19 +79,18 @@ def _compile_peer(q, k, v):
     return (lambda: attn(q, k, v)), out
 
 
-def _pykda(q, k, v, batched, layout, chunk, stages, fused):
+def _pykda(q, k, v, batched, layout, chunk, stages):
     """A call of pykda's one decode path on these buffers (a single sequence drops the batch dim)."""
     if not batched:
         q, k, v = q[0], k[0], v[0]
-    return lambda: flash_decode(q, k, v, batched=batched, kv_layout=layout, chunk_size=chunk, stages=stages,
-                                fused_merge=fused)
+    return lambda: flash_decode(q, k, v, batched=batched, kv_layout=layout, chunk_size=chunk, stages=stages)
 
 
 def run(args):
     import torch
     timer, copy_tbs = timing.start()
-    chunks, stages, merges = _ints(args.chunk_size), _ints(args.stages), _merges(getattr(args, "fused_merge", None))
-    sweep = len(chunks) > 1 or len(stages) > 1 or len(merges) > 1
+    chunks, stages = _ints(args.chunk_size), _ints(args.stages)
+    sweep = len(chunks) > 1 or len(stages) > 1
     rows = []
     for B, hq, hkv, S, batched in _cases(args.quick):
         g = torch.Generator(device="cuda").manual_seed(S + hkv + B)
@@ -117,12 +111,12 @@ def run(args):
                 peers["compile"] = _compile_peer(q[0], k_nhd[0], v_nhd[0])
         peer_us = {n: (timer.median_us(fn) if fn else None) for n, (fn, _) in peers.items()}
         peer_err = {n: (error(o) if fn else None) for n, (fn, o) in peers.items()}
-        for chunk, st, fused in itertools.product(chunks, stages, merges):
-            nhd = _pykda(q, k_nhd, v_nhd, batched, "NHD", chunk, st, fused)
-            hnd = _pykda(q, k_hnd, v_hnd, batched, "HND", chunk, st, fused)
+        for chunk, st in itertools.product(chunks, stages):
+            nhd = _pykda(q, k_nhd, v_nhd, batched, "NHD", chunk, st)
+            hnd = _pykda(q, k_hnd, v_hnd, batched, "HND", chunk, st)
             err_nhd, err_hnd = error(nhd()), error(hnd())
             us_nhd, us = timer.median_us(nhd), timer.median_us(hnd)
-            rows.append(dict(batch=B, hq=hq, hkv=hkv, kv_len=S, chunk_size=chunk, stages=st, fused_merge=fused,
+            rows.append(dict(batch=B, hq=hq, hkv=hkv, kv_len=S, chunk_size=chunk, stages=st,
                              us=us, us_nhd=us_nhd, tbs=nbytes / us / 1e6, pct_copy=100 * nbytes / us / 1e6 / copy_tbs,
                              err=err_hnd, err_nhd=err_nhd,
                              peers={n: dict(us=peer_us[n], err=peer_err[n]) for n in peers}))
@@ -135,7 +129,7 @@ def run(args):
 
 def _print_table(rows, sweep):
     peers = sorted({n for r in rows for n in r["peers"]})
-    head = f"{'Hq/Hkv':>7} {'B':>4} {'kv_len':>7} " + ("chunk stg merge " if sweep else "") + \
+    head = f"{'Hq/Hkv':>7} {'B':>4} {'kv_len':>7} " + ("chunk stg " if sweep else "") + \
         f"{'NHD us':>8} {'HND us':>8} {'TB/s':>5} {'%copy':>5} {'err':>7} " + \
         " ".join(f"{p + ' us':>10} {'x':>5}" for p in peers)
     print("\nTB/s, % copy, err and the ratios x (peer us / pykda us) are pykda on the peers' HND buffers")
@@ -143,8 +137,7 @@ def _print_table(rows, sweep):
     for r in rows:
         line = f"{r['hq']:>3}/{r['hkv']:<3} {r['batch']:>4} {r['kv_len']:>7} "
         if sweep:
-            line += f"{str(r['chunk_size'] or 'auto'):>5} {str(r['stages'] or 'd'):>3} " \
-                    f"{'last' if r['fused_merge'] else 'kernel':>5} "
+            line += f"{str(r['chunk_size'] or 'auto'):>5} {str(r['stages'] or 'd'):>3} "
         line += f"{r['us_nhd']:8.1f} {r['us']:8.1f} {r['tbs']:5.2f} {r['pct_copy']:5.1f} " \
                 f"{max(r['err'], r['err_nhd']):7.1e} "
         for p in peers:

@@ -81,7 +81,7 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
     """Choose the chunk size so that every SM has work and the last wave is full.
 
     Candidate chunks are powers of two times the tile; cost = waves x (tiles per chunk + a
-    tile and a half of prologue/epilogue) + a merge pass when split.
+    tile and a half of prologue/epilogue) + the last CTA's merge of the chunks when split.
     """
     stages = stages or DEFAULT_STAGES[p.head_dim]
     heads_per_cta = min(p.group, MAX_HEADS_PER_CTA)
@@ -114,7 +114,7 @@ def decode_spec(p: DecodeProblem, plan: DecodePlan, arch: str) -> runtime.Kernel
     return runtime.KernelSpec.make("decode", {
         "D": p.head_dim, "DTYPE": CTYPES[p.dtype], "BLOCK_N": BLOCK_N, "STAGES": plan.stages,
         "CHUNK": plan.chunk, "WARPS": WARPS, "SPLIT": plan.split}, arch,
-        kernels=("decode_partial", "decode_merge"))
+        kernels=("decode_partial",))
 
 
 def layouts(batched: bool, kv_layout: str) -> tuple[str, str]:
@@ -200,14 +200,14 @@ def validate_decode(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceA
 
 @functools.lru_cache(maxsize=1024)
 def _kernels_for(p: DecodeProblem, device: int, chunk_size: int | None, stages: int | None):
-    """The plan and the compiled partial and merge kernels for `p` on `device`."""
+    """The plan and the compiled decode kernel for `p` on `device`."""
     dev = runtime.device_info(device)
     plan = plan_decode(p, dev.sm_count, dev.smem_per_sm, chunk_size, stages)
     if plan.smem > dev.smem_per_block_optin:
         raise ValueError(f"stages={plan.stages} needs {plan.smem} bytes of shared memory per block; "
                          f"the device allows {dev.smem_per_block_optin}")
     spec = decode_spec(p, plan, dev.arch)
-    return plan, runtime.get_kernel(spec, device, "decode_partial"), runtime.get_kernel(spec, device, "decode_merge")
+    return plan, runtime.get_kernel(spec, device, "decode_partial")
 
 
 def kv_tensor_map(a: DeviceArray, name: str, batched: bool, kv_layout: str) -> bytes:
@@ -262,10 +262,9 @@ def batch_decode_with_padded_kv_cache(q, k, v, *, kv_layout: str = "NHD", kv_len
 
 def flash_decode(q, k, v, *, batched: bool, kv_layout: str = "NHD", kv_lens=None, scale: float | None = None,
                  out=None, return_lse: bool = False, stream=None, chunk_size: int | None = None,
-                 stages: int | None = None, fused_merge: bool = True):
-    """The one code path of both ops. Split sequences are merged by the last CTA of each head
-    group to finish (`fused_merge`, one launch) or by decode_merge in a second launch (for the
-    bench's comparison)."""
+                 stages: int | None = None):
+    """The one code path of both ops, one launch: split sequences are merged by the last CTA of
+    each head group to finish (a ticket from a zeroed counter per head group)."""
     qa, ka, va = as_device_array(q, "q"), as_device_array(k, "k"), as_device_array(v, "v")
     oa = as_device_array(out, "out") if out is not None else None
     la = as_device_array(kv_lens, "kv_lens") if kv_lens is not None else None
@@ -273,7 +272,7 @@ def flash_decode(q, k, v, *, batched: bool, kv_layout: str = "NHD", kv_lens=None
     scale = resolve_scale(scale, p.head_dim)
     check_stages(stages)
     runtime.require_gpu()
-    plan, partial, merge = _kernels_for(p, qa.device, chunk_size, stages)
+    plan, partial = _kernels_for(p, qa.device, chunk_size, stages)
     strm = launch_stream(qa, stream)
 
     rows = (p.batch, p.q_heads) if batched else (p.q_heads,)   # query rows of out and lse
@@ -290,8 +289,7 @@ def flash_decode(q, k, v, *, batched: bool, kv_layout: str = "NHD", kv_lens=None
         n_part = p.batch * p.q_heads * plan.n_chunks
         ws_o = runtime.workspace(qa.device, strm, n_part * (p.head_dim + 1) * 4)
         ws_lse = ws_o + n_part * p.head_dim * 4
-        if fused_merge:
-            counters = runtime.workspace(qa.device, strm, p.batch * p.kv_heads * plan.head_blocks * 4, zeroed=True)
+        counters = runtime.workspace(qa.device, strm, p.batch * p.kv_heads * plan.head_blocks * 4, zeroed=True)
     out_strides = _row_strides(oa, batched)
     partial.launch(
         (plan.n_chunks, p.kv_heads, p.batch * plan.head_blocks), ((WARPS + 1) * 32, 1, 1),
@@ -299,10 +297,5 @@ def flash_decode(q, k, v, *, batched: bool, kv_layout: str = "NHD", kv_lens=None
          i32(plan.heads_per_cta), i32(plan.head_blocks), np.float32(scale), ws_o, ws_lse, counters,
          oa.ptr, *out_strides, lse_ptr),
         plan.smem, strm)
-    if plan.split and not fused_merge:
-        n_rows = p.batch * p.q_heads
-        merge.launch((-(-n_rows // 4), 1, 1), (128, 1, 1),
-                     (ws_o, ws_lse, i32(plan.n_chunks), lens_ptr, i32(p.kv_len), i32(p.q_heads), i32(n_rows),
-                      oa.ptr, *out_strides, lse_ptr), 0, strm)
     out = to_framework(qa, out)
     return (out, to_framework(qa, lse)) if return_lse else out
