@@ -69,10 +69,12 @@ def test_plan_fills_the_gpu_and_tiles_v(state, dim):
         per_sm = min_ctas(state, plan.rpt)
         assert plan.grid == min(plan.n_tiles, 132 * per_sm)
         assert per_sm * (plan.smem + 1024) <= 233472 and plan.stages == 3, "three stages for each CTA of an SM"
-        if batch >= 64:
-            assert plan.rpt == 8 or tile_rows(p, 2 * plan.rpt) > dim
-        if batch == 1:
-            assert plan.n_tiles >= 2 * 132 or plan.rpt == 1, "the smallest tiles at B = 1"
+        assert plan.n_tiles >= 132 // 4 or plan.rpt == 1, "tiles for a quarter of the SMs"
+        bigger = 2 * plan.rpt
+        assert bigger > 8 or tile_rows(p, bigger) > dim or batch * 32 * dim // tile_rows(p, bigger) < 132 // 4, \
+            "the largest such tiles"
+    p = KdaDecodeProblem(1, 1, 2, 128, 1, 1, "float32", "int32", "int32")
+    assert plan_kda_decode(p, 132, 233472).n_tiles >= 132 // 4, "few heads: smaller tiles reach more SMs"
 
 
 def test_plan_overrides_are_checked():

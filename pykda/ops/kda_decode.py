@@ -81,11 +81,12 @@ def default_stages(p: KdaDecodeProblem, rpt: int, smem_per_sm: int) -> int:
 @functools.lru_cache(maxsize=256)
 def plan_kda_decode(p: KdaDecodeProblem, sm_count: int, smem_per_sm: int, rpt: int | None = None,
                     stages: int | None = None) -> KdaDecodePlan:
-    """The largest tiles (more bytes per copy, more rows per thread) that still give every
-    CTA of a full persistent grid a few tiles; the grid is as many CTAs as fit the SMs."""
+    """The largest tiles (more rows per thread, fewer tiles in each CTA's chain) that still
+    reach a quarter of the SMs (measured: smaller tiles only pay off below that); the grid
+    is as many CTAs as fit the SMs."""
     if rpt is None:
         fits = [r for r in (8, 4, 2, 1) if tile_rows(p, r) <= p.dim]
-        rpt = next((r for r in fits if p.sequences * p.heads * (p.dim // tile_rows(p, r)) >= 4 * sm_count),
+        rpt = next((r for r in fits if p.sequences * p.heads * (p.dim // tile_rows(p, r)) >= sm_count // 4),
                    fits[-1])
     elif rpt not in (1, 2, 4, 8) or tile_rows(p, rpt) > p.dim:
         raise ValueError(f"rows_per_thread must be 1, 2, 4 or 8 with at most {p.dim} rows per tile; got {rpt}")
