@@ -88,6 +88,7 @@ def stubbed_gpu(twin: types.ModuleType, kernel_type=launch.Kernel):
     def get_kernel(spec, dev, name):
         if name not in kernels:
             kernels[name] = kernel_type(types.SimpleNamespace(ptr=0), name, dev)
+            kernels[name]._smem_limit = info.smem_per_block_optin   # as if already raised: no driver call
         return kernels[name]
 
     patch(launch, "_driver", _Launches().driver)
