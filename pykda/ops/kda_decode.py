@@ -49,6 +49,11 @@ def tile_rows(p: KdaDecodeProblem, rpt: int) -> int:
     return WARPS * (32 // (p.dim // elems)) * rpt
 
 
+def tile_count(p: KdaDecodeProblem, rpt: int) -> int:
+    """Tiles of the whole problem: sequences x heads x tiles per state."""
+    return p.sequences * p.heads * (p.dim // tile_rows(p, rpt))
+
+
 def tile_bytes(rpt: int) -> int:
     return WARPS * 32 * 16 * rpt
 
@@ -62,7 +67,7 @@ def min_ctas(state_dtype: str, rpt: int) -> int:
 def staged_tokens(p: KdaDecodeProblem) -> int:
     """Tokens per tile whose inputs the producer stages: all of them for T <= 8; with
     cu_seqlens (lengths unknown on the host) the mean length, rounded up."""
-    per_seq = p.tokens if p.batch > 1 or p.sequences == 1 else -(-p.tokens // p.sequences)
+    per_seq = -(-(p.batch * p.tokens) // p.sequences)
     return max(1, min(MAX_STAGED_TOKENS, per_seq))
 
 
@@ -86,13 +91,12 @@ def plan_kda_decode(p: KdaDecodeProblem, sm_count: int, smem_per_sm: int, rpt: i
     is as many CTAs as fit the SMs."""
     if rpt is None:
         fits = [r for r in (8, 4, 2, 1) if tile_rows(p, r) <= p.dim]
-        rpt = next((r for r in fits if p.sequences * p.heads * (p.dim // tile_rows(p, r)) >= sm_count // 4),
-                   fits[-1])
+        rpt = next((r for r in fits if tile_count(p, r) >= sm_count // 4), fits[-1])
     elif rpt not in (1, 2, 4, 8) or tile_rows(p, rpt) > p.dim:
         raise ValueError(f"rows_per_thread must be 1, 2, 4 or 8 with at most {p.dim} rows per tile; got {rpt}")
     stages = stages or default_stages(p, rpt, smem_per_sm)
     smem = stages * stage_bytes(p, rpt) + 1024   # + alignment slack
-    n_tiles = p.sequences * p.heads * (p.dim // tile_rows(p, rpt))
+    n_tiles = tile_count(p, rpt)
     per_sm = max(1, min(min_ctas(p.state_dtype, rpt), smem_per_sm // (smem + 1024)))
     return KdaDecodePlan(rpt=rpt, stages=stages, n_tiles=n_tiles, grid=min(n_tiles, sm_count * per_sm), smem=smem)
 
