@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--chunk-size", default=None, help="comma list of chunk sizes to sweep")
     b.add_argument("--stages", default=None, help="comma list of pipeline depths to sweep")
     b.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
+    b.add_argument("--flush", choices=["read", "write"], default="read",
+                   help="evict the L2 before each timed call by reading (clean lines, default) or by "
+                        "overwriting (dirty lines the timed call must write back) a 1 GiB buffer")
     b.add_argument("--json", default="pykda-bench.json", help="where to write the results")
     return ap
 

@@ -136,8 +136,8 @@ def offline(monkeypatch):
             log["zeroed"].append(nbytes)
         return BASE * (4 if zeroed else 8)
 
-    def encode_tiled(name, dtype, ptr, dims, strides, box, swizzle=0):
-        runtime.check_tiled(name, dtype, ptr, dims, strides, box, swizzle)
+    def encode_tiled(name, dtype, ptr, dims, strides, box, swizzle=0, l2_promotion=0):
+        runtime.check_tiled(name, dtype, ptr, dims, strides, box, swizzle, l2_promotion)
         log["maps"].append((name, dims, strides, box))
         return bytes(128)
     monkeypatch.setattr(runtime, "require_gpu", lambda: None)
@@ -191,7 +191,7 @@ def test_split_batch_is_one_launch_that_merges_by_ticket(offline, layout):
     assert offline["zeroed"] == [B * hkv * 4]
     # both maps walk (head_dim, kv_heads, kv_len, batch), whatever the layout in memory
     row, head = (hkv * d * 2, d * 2) if layout == "NHD" else (d * 2, S * d * 2)
-    assert offline["maps"] == [(n, (d, hkv, S, B), (head, row, S * hkv * d * 2), (64, 1, 64, 1)) for n in "kv"]
+    assert offline["maps"] == [(n, (d, hkv, S, B), (head, row, S * hkv * d * 2), (64, 1, plan.block_n, 1)) for n in "kv"]
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
@@ -207,7 +207,7 @@ def test_single_decode_is_a_batch_of_one(offline, layout):
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", params)
     # size-1 dims (one KV head, one sequence) get a stride TMA accepts
     row = d * 2 if layout == "HND" else hkv * d * 2
-    assert offline["maps"][0] == ("k", (d, hkv, S, 1), (d * 2, row, d * 2), (64, 1, 64, 1))
+    assert offline["maps"][0] == ("k", (d, hkv, S, 1), (d * 2, row, d * 2), (64, 1, plan.block_n, 1))
 
 
 def test_bad_layout_raises_before_any_launch(offline):

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import pykda
-from pykda.ops.decode import BLOCK_N, DecodeProblem, plan_decode, validate_decode
+from pykda.ops.decode import TILE_ROWS, DecodeProblem, plan_decode, validate_decode
 from fakes import BASE, device_array as arr
 from pykda.runtime.arrays import as_device_array
 
@@ -120,7 +120,7 @@ H200 = dict(sm_count=132, smem_per_sm=233472)
 def test_plan_covers_every_row_and_fills_the_gpu(S, hq, hkv):
     p = DecodeProblem(S, hq, hkv, 128, "bfloat16")
     plan = plan_decode(p, **H200)
-    assert plan.chunk % BLOCK_N == 0
+    assert plan.chunk % TILE_ROWS[128] == 0 and plan.block_n == TILE_ROWS[128]
     assert (plan.n_chunks - 1) * plan.chunk < S <= plan.n_chunks * plan.chunk
     ctas = plan.n_chunks * hkv * plan.head_blocks
     if S >= 8192:
@@ -138,6 +138,10 @@ def test_plan_chunk_override_and_its_check():
     assert plan_decode(p, chunk_size=512, **H200).n_chunks == 16
     with pytest.raises(ValueError, match="chunk_size must be a positive multiple of 64"):
         plan_decode(p, chunk_size=100, **H200)
+    p64 = DecodeProblem(8192, 32, 8, 64, "bfloat16")   # head_dim 64 streams 128-row tiles
+    assert plan_decode(p64, chunk_size=1024, **H200).block_n == 128
+    with pytest.raises(ValueError, match="multiple of 128 .*head_dim 64"):
+        plan_decode(p64, chunk_size=64, **H200)
 
 
 # ---- scalar options shared by the ops ----

@@ -142,6 +142,7 @@ def test_tensor_map_accepts_a_valid_geometry():
     (dict(dtype="complex64"), "no TMA encoding"),
     (dict(strides=(256,)), "rank-1 strides"),
     (dict(swizzle=96), "swizzle must be"),
+    (dict(l2_promotion=512), "l2_promotion must be"),
 ])
 def test_tensor_map_rejects_bad_geometry_naming_the_argument(change, message):
     with pytest.raises(ValueError, match=message) as info:

@@ -88,7 +88,7 @@ def _pykda(q, k, v, batched, layout, chunk, stages):
 
 def run(args):
     import torch
-    timer, copy_tbs = timing.start()
+    timer, copy_tbs = timing.start(getattr(args, "flush", "read"))
     chunks, stages = _ints(args.chunk_size), _ints(args.stages)
     sweep = len(chunks) > 1 or len(stages) > 1
     rows = []

@@ -85,7 +85,7 @@ def _runners(x, params, cu, h0, peers):
 
 def run(args):
     import torch
-    timer, copy_tbs = timing.start()
+    timer, copy_tbs = timing.start(getattr(args, "flush", "read"))
     peers = _peers()
     rows = []
     shapes = SHAPES[:3] if args.quick else SHAPES

@@ -150,7 +150,7 @@ def run(args):
     import torch
     quick = bool(getattr(args, "quick", False))
     repeats, host_n = (30, 100) if quick else (100, 300)
-    timer, copy_tbs = timing.start()
+    timer, copy_tbs = timing.start(getattr(args, "flush", "read"))
     fla = fla_peer()
     print(f"fla: {fla[1]}")
     rows = []

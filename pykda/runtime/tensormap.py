@@ -15,7 +15,7 @@ DATA_TYPES = {"uint8": 0, "uint16": 1, "uint32": 2, "int32": 3, "uint64": 4, "in
 ITEMSIZE = {"uint8": 1, "uint16": 2, "uint32": 4, "int32": 4, "uint64": 8, "int64": 8,
             "float16": 2, "float32": 4, "float64": 8, "bfloat16": 2}
 SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}   # bytes -> CUtensorMapSwizzle
-_L2_PROMOTION_256B = 3
+L2_PROMOTION = {0: 0, 64: 1, 128: 2, 256: 3}   # bytes an L2 miss fetches -> CUtensorMapL2promotion
 _TENSOR_MAP_DTYPE = np.dtype((np.void, 128))
 
 
@@ -23,7 +23,7 @@ class TensorMapError(ValueError):
     """A tensor cannot be described by the requested TMA map."""
 
 
-def check_tiled(name: str, dtype: str, ptr: int, dims, strides, box, swizzle: int = 0) -> None:
+def check_tiled(name: str, dtype: str, ptr: int, dims, strides, box, swizzle: int = 0, l2_promotion: int = 0) -> None:
     """Raise TensorMapError naming `name` unless the map can be encoded.
 
     dims/box are innermost-first element counts; strides are innermost-first byte strides
@@ -51,6 +51,8 @@ def check_tiled(name: str, dtype: str, ptr: int, dims, strides, box, swizzle: in
         raise TensorMapError(f"{name}: innermost box of {inner_bytes} bytes must be a multiple of 16")
     if swizzle not in SWIZZLE:
         raise TensorMapError(f"{name}: swizzle must be one of {sorted(SWIZZLE)} bytes")
+    if l2_promotion not in L2_PROMOTION:
+        raise TensorMapError(f"{name}: l2_promotion must be one of {sorted(L2_PROMOTION)} bytes")
     if swizzle and inner_bytes > swizzle:
         raise TensorMapError(f"{name}: innermost box of {inner_bytes} bytes exceeds the {swizzle}-byte swizzle")
 
@@ -70,14 +72,14 @@ def _driver():
     return fn
 
 
-def _encode(dtype: str, ptr: int, dims: tuple, strides: tuple, box: tuple, swizzle: int) -> bytes:
+def _encode(dtype: str, ptr: int, dims: tuple, strides: tuple, box: tuple, swizzle: int, l2_promotion: int) -> bytes:
     rank = len(dims)
     out = np.zeros((), dtype=_TENSOR_MAP_DTYPE)
     status = _driver()(
         out.ctypes.data, DATA_TYPES[dtype], rank, ctypes.c_void_p(ptr),
         (ctypes.c_uint64 * rank)(*dims), (ctypes.c_uint64 * max(rank - 1, 1))(*strides),
         (ctypes.c_uint32 * rank)(*box), (ctypes.c_uint32 * rank)(*([1] * rank)),
-        0, SWIZZLE[swizzle], _L2_PROMOTION_256B, 0)   # no interleave; out-of-bounds reads give zeros
+        0, SWIZZLE[swizzle], L2_PROMOTION[l2_promotion], 0)   # no interleave; out-of-bounds reads give zeros
     if status != 0:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUresult {status} "
                            f"(dims {dims}, strides {strides}, box {box})")
@@ -88,12 +90,15 @@ _encoded: dict[tuple, bytes] = {}
 
 
 def encode_tiled(name: str, dtype: str, ptr: int, dims: tuple, strides: tuple, box: tuple,
-                 swizzle: int = 0) -> bytes:
-    """Check, then encode a tiled tensor map (memoized per geometry): its 128 bytes."""
-    key = (dtype, ptr, dims, strides, box, swizzle)
+                 swizzle: int = 0, l2_promotion: int = 0) -> bytes:
+    """Check, then encode a tiled tensor map (memoized per geometry): its 128 bytes.
+
+    `l2_promotion` (0, 64, 128 or 256 bytes) widens the L2's fetch on a miss; 0 fetches what the
+    box asks for."""
+    key = (dtype, ptr, dims, strides, box, swizzle, l2_promotion)
     tmap = _encoded.get(key)
     if tmap is None:
-        check_tiled(name, dtype, ptr, dims, strides, box, swizzle)
+        check_tiled(name, dtype, ptr, dims, strides, box, swizzle, l2_promotion)
         if len(_encoded) >= 4096:
             _encoded.clear()
         tmap = _encoded[key] = _encode(*key)
