@@ -81,10 +81,10 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
                 stages: int | None = None) -> DecodePlan:
     """Choose the chunk size so that every SM has work and the last wave is full.
 
-    Candidate chunks are powers of two times the tile (few specializations as sequences grow).
-    Cost, in tile times: the waves of full chunks x (tiles per chunk + a tile and a half of
-    prologue/epilogue); the sequences' shorter last chunks run in the last wave's idle slots when
-    they fit, else take a wave of their own; + the last CTA's merge of the chunks when split.
+    Candidate chunks are powers of two times the tile (few specializations as sequences grow);
+    a sequence has kv_len // chunk chunks, the last taking the remainder. Cost, in tile times:
+    waves x (tiles per chunk + a tile and a half of prologue/epilogue) + the last chunk's extra
+    tiles + the last CTA's merge of the chunks when split.
     """
     stages = stages or DEFAULT_STAGES[p.head_dim]
     heads_per_cta = min(p.group, MAX_HEADS_PER_CTA)
@@ -101,13 +101,10 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
         slots = sm_count * ctas_per_sm(p.head_dim, stages, smem_per_sm)
         best = None
         for tiles in (1 << i for i in range(max(1, n_tiles).bit_length() + 1)):
-            n_chunks = -(-n_tiles // tiles)
-            last = n_tiles - (n_chunks - 1) * tiles        # tiles in each sequence's last chunk
-            full_ctas = (n_chunks - (last < tiles)) * units
-            waves = -(-full_ctas // slots)
-            cost = waves * (tiles + 1.5)
-            if last < tiles and units > waves * slots - full_ctas:
-                cost += last + 1.5
+            n_chunks = max(1, p.kv_len // (tiles * block_n))
+            last = n_tiles - (n_chunks - 1) * tiles        # tiles of each sequence's last chunk
+            waves = -(-(n_chunks * units) // slots)
+            cost = waves * (min(tiles, last) + 1.5) + max(0, last - tiles)
             if n_chunks > 1:
                 cost += 2.0 + n_chunks / 16
             if best is None or cost < best[0]:
@@ -115,7 +112,7 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
             if n_chunks == 1:
                 break
         tiles = best[1]
-    n_chunks = -(-n_tiles // tiles)
+    n_chunks = max(1, p.kv_len // (tiles * block_n))
     return DecodePlan(chunk=tiles * block_n, block_n=block_n, stages=stages, n_chunks=n_chunks, head_blocks=head_blocks,
                       heads_per_cta=heads_per_cta, smem=smem_bytes(p.head_dim, stages))
 
