@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--chunk-size", default=None, help="comma list of chunk sizes to sweep")
     b.add_argument("--stages", default=None, help="comma list of pipeline depths to sweep")
     b.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
+    b.add_argument("--shapes", default=None,
+                   help="decode only: shapes to run instead of PERF.md's, e.g. 32/8:100000,8x32/8:32768 "
+                        "(HQ/HKV:KV_LEN, BATCHxHQ/HKV:KV_LEN for the padded-batch op)")
     b.add_argument("--flush", choices=["read", "write"], default="read",
                    help="evict the L2 before each timed call by reading (clean lines, default) or by "
                         "overwriting (dirty lines the timed call must write back) a 1 GiB buffer")

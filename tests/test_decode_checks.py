@@ -161,3 +161,11 @@ def test_scalar_options_are_checked_by_name():
         check_lower_bound(0.5)
     with pytest.raises(ValueError, match="lower_bound must be finite and <= 0; got -inf"):
         check_lower_bound(float("-inf"))
+
+
+# ---- the decode bench's shape option ----
+def test_bench_shapes_parse_single_and_batched_cases():
+    from pykda.bench.decode import parse_shapes
+    assert parse_shapes("32/8:100000, 8x32/8:32768") == [(1, 32, 8, 100000, False), (8, 32, 8, 32768, True)]
+    with pytest.raises(ValueError, match="--shapes: '32:8' is not"):
+        parse_shapes("32/32:8192,32:8")

@@ -8,6 +8,7 @@ The SDPA peers read contiguous HND buffers `[B, H, S, D]`; pykda is timed on exa
 from __future__ import annotations
 
 import itertools
+import re
 
 from .. import reference
 from ..ops.decode import flash_decode
@@ -27,8 +28,22 @@ def _ints(text):
     return [None] if not text else [int(x) or None for x in text.split(",")]
 
 
-def _cases(quick: bool):
+def parse_shapes(text: str):
+    """`HQ/HKV:S` (one sequence) or `BxHQ/HKV:S` (a padded batch), comma separated, as _cases rows."""
+    rows = []
+    for item in text.split(","):
+        m = re.fullmatch(r"(?:(\d+)x)?(\d+)/(\d+):(\d+)", item.strip())
+        if m is None:
+            raise ValueError(f"--shapes: {item!r} is not HQ/HKV:S or BxHQ/HKV:S (e.g. 32/8:100000, 8x32/8:32768)")
+        b, hq, hkv, s = (int(g) if g else None for g in m.groups())
+        rows.append((b or 1, hq, hkv, s, b is not None))
+    return rows
+
+
+def _cases(quick: bool, shapes: str | None = None):
     """(batch, Hq, Hkv, kv_len, batched op?) rows: single sequences first, then padded batches."""
+    if shapes:
+        return parse_shapes(shapes)
     single, batch = (QUICK, QUICK_BATCH) if quick else (SHAPES, BATCH_SHAPES)
     return [(1, hq, hkv, s, False) for hq, hkv, s in single] + [(b, hq, hkv, s, True) for b, hq, hkv, s in batch]
 
@@ -92,7 +107,7 @@ def run(args):
     chunks, stages = _ints(args.chunk_size), _ints(args.stages)
     sweep = len(chunks) > 1 or len(stages) > 1
     rows = []
-    for B, hq, hkv, S, batched in _cases(args.quick):
+    for B, hq, hkv, S, batched in _cases(args.quick, getattr(args, "shapes", None)):
         g = torch.Generator(device="cuda").manual_seed(S + hkv + B)
         q = torch.randn(B, hq, D, device="cuda", generator=g).to(torch.bfloat16)
         k_hnd = torch.randn(B, hkv, S, D, device="cuda", generator=g).to(torch.bfloat16)   # what the peers read
