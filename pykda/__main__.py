@@ -51,8 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("params", nargs="*", help="KEY=VALUE template parameters")
     b = sub.add_parser("bench", help="benchmarks against peers on the GPU")
     b.add_argument("op", choices=["decode", "kda", "kda-decode"])
-    b.add_argument("--chunk-size", default=None, help="comma list of chunk sizes to sweep")
-    b.add_argument("--stages", default=None, help="comma list of pipeline depths to sweep")
+    b.add_argument("--chunk-size", default=None, help="decode: comma list of chunk sizes to sweep")
+    b.add_argument("--rows-per-thread", default=None,
+                   help="kda-decode: comma list of state rows per lane group (1, 2, 4, 8) to sweep")
+    b.add_argument("--stages", default=None, help="decode, kda-decode: comma list of pipeline depths to sweep")
     b.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
     b.add_argument("--shapes", default=None,
                    help="decode only: shapes to run instead of PERF.md's, e.g. 32/8:100000,8x32/8:32768 "

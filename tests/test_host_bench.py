@@ -181,3 +181,48 @@ def test_run_end_to_end_with_the_gpu_stubbed(fake_fla, monkeypatch, capsys):
     assert len(serving) > 3 and row["fla"] == bench.SERVING
     out = capsys.readouterr().out
     assert out.rstrip().splitlines()[-1].startswith("us: kernel")
+
+
+def test_bench_options_reach_only_the_benches_that_take_them():
+    """A sweep option a bench does not take is an error, not silently ignored."""
+    from pykda.__main__ import build_parser
+    from pykda.bench import check_options, settings
+    parse = build_parser().parse_args
+    check_options(parse(["bench", "kda-decode", "--rows-per-thread", "4,8", "--stages", "3"]))
+    check_options(parse(["bench", "decode", "--chunk-size", "1024", "--shapes", "32/8:100000"]))
+    for argv, option in ((["bench", "kda-decode", "--chunk-size", "512"], "--chunk-size"),
+                         (["bench", "decode", "--rows-per-thread", "4"], "--rows-per-thread"),
+                         (["bench", "kda", "--stages", "3"], "--stages"),
+                         (["bench", "kda-decode", "--shapes", "32/8:100"], "--shapes")):
+        with pytest.raises(ValueError, match=f"does not take {option}"):
+            check_options(parse(argv))
+    assert settings("0,4,8") == [None, 4, 8] and settings(None) == [None]
+
+
+def test_sweep_rows_time_each_setting(monkeypatch, capsys):
+    """--rows-per-thread/--stages: a row per setting, each passed to the op and checked."""
+    seen = []
+    monkeypatch.setattr(bench, "QUICK", (("float32", 2, 3),))
+    monkeypatch.setattr(bench, "D", 8)
+    real_inputs = bench._inputs
+
+    def cpu_inputs(B, H, pool_dtype):
+        with monkeypatch.context() as m:
+            m.setattr(torch, "Generator", lambda device=None: torch.random.default_generator.__class__())
+            real_randn, real_rand, real_randperm = torch.randn, torch.rand, torch.randperm
+            m.setattr(torch, "randn", lambda *s, generator=None, device=None: real_randn(*s, generator=generator))
+            m.setattr(torch, "rand", lambda *s, generator=None, device=None: real_rand(*s, generator=generator))
+            m.setattr(torch, "randperm", lambda n, device=None: real_randperm(n))
+            return real_inputs(B, H, pool_dtype)
+    monkeypatch.setattr(bench, "_inputs", cpu_inputs)
+
+    def op(q, k, v, g, beta, *, initial_state, state_indices, rows_per_thread, stages, **kw):
+        seen.append((rows_per_thread, stages))
+        return _reference_step(dict(q=q, k=k, v=v, g=g, beta=beta, **kw), initial_state, state_indices)
+    monkeypatch.setattr(bench, "fused_recurrent_kda", op)
+    monkeypatch.setattr(bench.timing, "start", lambda flush="read": (_Timer(), 4.0))
+    rows = bench.run(types.SimpleNamespace(quick=True, rows_per_thread="4,8", stages="0"))
+    assert [(r["rows_per_thread"], r["stages"]) for r in rows] == [(4, None), (8, None)]
+    assert all(r["err"] < 1e-2 and r["us"] == 10.0 for r in rows)
+    assert set(seen) == {(4, None), (8, None)}
+    assert "auto" in capsys.readouterr().out

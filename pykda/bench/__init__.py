@@ -6,7 +6,24 @@ import platform
 import time
 
 
+def settings(text: str | None) -> list:
+    """A comma list of template-parameter settings to sweep; 0 (or nothing) is the planner's choice."""
+    return [None] if not text else [int(x) or None for x in text.split(",")]
+
+
+# the sweep and shape options each bench takes; any other given is an error, never ignored
+OPTIONS = {"decode": ("chunk_size", "stages", "shapes"), "kda": (), "kda-decode": ("rows_per_thread", "stages")}
+
+
+def check_options(args) -> None:
+    """Raise ValueError naming an option given to a bench that does not take it."""
+    for name in ("chunk_size", "rows_per_thread", "stages", "shapes"):
+        if getattr(args, name, None) and name not in OPTIONS[args.op]:
+            raise ValueError(f"bench {args.op} does not take --{name.replace('_', '-')}")
+
+
 def main(args) -> int:
+    check_options(args)
     from .. import runtime
     runtime.require_gpu()
     from . import decode, kda, kda_decode

@@ -12,7 +12,7 @@ import re
 
 from .. import reference
 from ..ops.decode import flash_decode
-from . import timing
+from . import settings, timing
 
 SHAPES = [(32, 32, 8192), (32, 32, 16384), (32, 32, 32768), (32, 32, 65536), (32, 32, 131072),
           (32, 32, 131073), (32, 8, 32768), (32, 8, 131072)]
@@ -21,11 +21,6 @@ QUICK = [(32, 32, 8192), (32, 32, 65536), (32, 8, 131072)]
 QUICK_BATCH = [(8, 32, 8, 32768)]
 D = 128
 REF_ROWS = 1 << 16   # KV rows per float64 reference pass (bounds its memory)
-
-
-def _ints(text):
-    """A comma list of settings; 0 means the planner's choice."""
-    return [None] if not text else [int(x) or None for x in text.split(",")]
 
 
 def parse_shapes(text: str):
@@ -104,7 +99,7 @@ def _pykda(q, k, v, batched, layout, chunk, stages):
 def run(args):
     import torch
     timer, copy_tbs = timing.start(getattr(args, "flush", "read"))
-    chunks, stages = _ints(args.chunk_size), _ints(args.stages)
+    chunks, stages = settings(args.chunk_size), settings(args.stages)
     sweep = len(chunks) > 1 or len(stages) > 1
     rows = []
     for B, hq, hkv, S, batched in _cases(args.quick, getattr(args, "shapes", None)):

@@ -1,4 +1,4 @@
-"""`python -m pykda bench kda-decode [--quick]`: the KDA decode step on a pool of states vs fla,
+"""`python -m pykda bench kda-decode [--quick] [--rows-per-thread 4,8] [--stages 2,3,4]`: the KDA decode step on a pool of states vs fla,
 same inputs, same work: each sequence reads its pool row (picked by the index array) and writes it
 back in place.
 
@@ -13,15 +13,19 @@ Columns: kernel µs (cold L2, CUDA events, median); host µs per call in a tight
 µs per call when the call is captured once in a CUDA graph and replayed; state TB/s (read +
 write); % of the 4 GiB copy's bandwidth and % of a copy of the same number of bytes (cold L2:
 small problems cannot reach the big copy's bandwidth).
+
+With `--rows-per-thread` or `--stages` it sweeps the template parameters instead: a row per
+setting (kernel µs, TB/s, error), no peer and no host timing.
 """
 from __future__ import annotations
 
 import inspect
+import itertools
 import time
 
 from .. import reference
 from ..ops.kda_decode import fused_recurrent_kda
-from . import timing
+from . import settings, timing
 
 BATCHES = (1, 8, 64, 256)
 HEADS = (32, 8)
@@ -151,6 +155,13 @@ def run(args):
     quick = bool(getattr(args, "quick", False))
     repeats, host_n = (30, 100) if quick else (100, 300)
     timer, copy_tbs = timing.start(getattr(args, "flush", "read"))
+    sweep = list(itertools.product(settings(getattr(args, "rows_per_thread", None)),
+                                   settings(getattr(args, "stages", None))))
+    if sweep != [(None, None)]:
+        rows = [_sweep_row(pool_dtype, H, B, rpt, st, timer, copy_tbs, repeats)
+                for pool_dtype, H, B in cases(quick) for rpt, st in sweep]
+        _print_sweep(rows)
+        return rows
     fla = fla_peer()
     print(f"fla: {fla[1]}")
     rows = []
@@ -194,6 +205,34 @@ def _case(pool_dtype, H, B, fla_entry, timer, copy_tbs, repeats, host_n) -> dict
     except Exception as exc:
         row["fla_error"] = f"{type(exc).__name__}: {exc}"[:200]
     return row
+
+
+def _sweep_row(pool_dtype, H, B, rpt, stages, timer, copy_tbs, repeats) -> dict:
+    """One setting of the template parameters: kernel µs, TB/s and error (an error as text)."""
+    x, pool, idx = _inputs(B, H, pool_dtype)
+    row = dict(pool=pool_dtype, H=H, B=B, rows_per_thread=rpt, stages=stages)
+    ours = lambda: fused_recurrent_kda(**x, initial_state=pool, state_indices=idx,   # noqa: E731
+                                       rows_per_thread=rpt, stages=stages)
+    try:
+        i0 = int(idx[0])
+        before = pool.clone()
+        row["err"] = step_error(x, ours(), before, pool, i0, i0)
+        row["us"] = timer.median_us(ours, warmup=10, repeats=repeats)
+        row["tbs"] = 2 * B * H * D * D * pool.element_size() / row["us"] / 1e6
+        row["pct_copy"] = 100 * row["tbs"] / copy_tbs
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+    return row
+
+
+def _print_sweep(rows):
+    print(f"{'pool':>8} {'H':>3} {'B':>4} {'rpt':>4} {'stages':>6} {'us':>7} {'TB/s':>5} {'%copy':>5} {'err':>7}")
+    for r in rows:
+        g = r.get
+        setting = lambda v: str(v) if v else "auto"   # noqa: E731
+        print(f"{r['pool']:>8} {r['H']:3d} {r['B']:4d} {setting(r['rows_per_thread']):>4} {setting(r['stages']):>6} "
+              f"{_cell(g('us'), '.1f', 7)} {_cell(g('tbs'), '.2f', 5)} {_cell(g('pct_copy'), '.0f', 5)} "
+              f"{_cell(g('err'), '.1e', 7)} {g('error', '')}")
 
 
 def _cell(value, fmt, width):
