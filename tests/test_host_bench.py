@@ -143,17 +143,8 @@ class _Timer:
         return 5.0
 
 
-def test_run_end_to_end_with_the_gpu_stubbed(fake_fla, monkeypatch, capsys):
-    """bench.run's control flow on CPU tensors: ours and fla (its serving path) both checked."""
-    serving, _, mods = fake_fla
-
-    def fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, scale=None, inplace_final_state=True,
-            ssm_state_indices=None, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
-            use_beta_sigmoid_in_kernel=False, lower_bound=None, state_v_first=False, **kwargs):
-        serving.append(1)
-        x = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias)
-        return _reference_step(x, initial_state, ssm_state_indices), initial_state
-    monkeypatch.setattr(mods["fla.ops.kda.fused_recurrent"], "fused_recurrent_kda_fwd", fwd)
+def cpu_quick_case(monkeypatch):
+    """The bench's quick cases as one small float32 case (D 8), its inputs drawn on the CPU."""
     monkeypatch.setattr(bench, "D", 8)
     monkeypatch.setattr(bench, "QUICK", (("float32", 2, 3),))
     real_inputs = bench._inputs
@@ -167,6 +158,20 @@ def test_run_end_to_end_with_the_gpu_stubbed(fake_fla, monkeypatch, capsys):
             m.setattr(torch, "randperm", lambda n, device=None: real_randperm(n))
             return real_inputs(B, H, pool_dtype)
     monkeypatch.setattr(bench, "_inputs", cpu_inputs)
+
+
+def test_run_end_to_end_with_the_gpu_stubbed(fake_fla, monkeypatch, capsys):
+    """bench.run's control flow on CPU tensors: ours and fla (its serving path) both checked."""
+    serving, _, mods = fake_fla
+
+    def fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, scale=None, inplace_final_state=True,
+            ssm_state_indices=None, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+            use_beta_sigmoid_in_kernel=False, lower_bound=None, state_v_first=False, **kwargs):
+        serving.append(1)
+        x = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias)
+        return _reference_step(x, initial_state, ssm_state_indices), initial_state
+    monkeypatch.setattr(mods["fla.ops.kda.fused_recurrent"], "fused_recurrent_kda_fwd", fwd)
+    cpu_quick_case(monkeypatch)
     monkeypatch.setattr(bench, "fused_recurrent_kda",
                         lambda q, k, v, g, beta, *, initial_state, state_indices, **kw:
                         _reference_step(dict(q=q, k=k, v=v, g=g, beta=beta, **kw), initial_state, state_indices))
@@ -202,19 +207,7 @@ def test_bench_options_reach_only_the_benches_that_take_them():
 def test_sweep_rows_time_each_setting(monkeypatch, capsys):
     """--rows-per-thread/--stages: a row per setting, each passed to the op and checked."""
     seen = []
-    monkeypatch.setattr(bench, "QUICK", (("float32", 2, 3),))
-    monkeypatch.setattr(bench, "D", 8)
-    real_inputs = bench._inputs
-
-    def cpu_inputs(B, H, pool_dtype):
-        with monkeypatch.context() as m:
-            m.setattr(torch, "Generator", lambda device=None: torch.random.default_generator.__class__())
-            real_randn, real_rand, real_randperm = torch.randn, torch.rand, torch.randperm
-            m.setattr(torch, "randn", lambda *s, generator=None, device=None: real_randn(*s, generator=generator))
-            m.setattr(torch, "rand", lambda *s, generator=None, device=None: real_rand(*s, generator=generator))
-            m.setattr(torch, "randperm", lambda n, device=None: real_randperm(n))
-            return real_inputs(B, H, pool_dtype)
-    monkeypatch.setattr(bench, "_inputs", cpu_inputs)
+    cpu_quick_case(monkeypatch)
 
     def op(q, k, v, g, beta, *, initial_state, state_indices, rows_per_thread, stages, **kw):
         seen.append((rows_per_thread, stages))
