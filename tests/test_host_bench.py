@@ -219,3 +219,9 @@ def test_sweep_rows_time_each_setting(monkeypatch, capsys):
     assert all(r["err"] < 1e-2 and r["us"] == 10.0 for r in rows)
     assert set(seen) == {(4, None), (8, None)}
     assert "auto" in capsys.readouterr().out
+
+
+def test_timer_rejects_an_unknown_flush_before_allocating():
+    from pykda.bench.timing import Timer
+    with pytest.raises(ValueError, match=r"flush must be one of \('read', 'write'\); got 'evict'"):
+        Timer("evict")

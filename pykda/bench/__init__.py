@@ -17,7 +17,7 @@ OPTIONS = {"decode": ("chunk_size", "stages", "shapes"), "kda": (), "kda-decode"
 
 def check_options(args) -> None:
     """Raise ValueError naming an option given to a bench that does not take it."""
-    for name in ("chunk_size", "rows_per_thread", "stages", "shapes"):
+    for name in sorted(set().union(*OPTIONS.values())):
         if getattr(args, name, None) and name not in OPTIONS[args.op]:
             raise ValueError(f"bench {args.op} does not take --{name.replace('_', '-')}")
 

@@ -109,6 +109,20 @@ def step_error(x, o, before, after, row: int | None, read_row: int) -> float:
     return err
 
 
+def state_bytes(B: int, H: int, pool) -> int:
+    """State traffic of one step: each of the B × H rows read and written once."""
+    return 2 * B * H * D * D * pool.element_size()
+
+
+def checked_step(x, pool, idx, fn, pool_row_written: bool = True) -> float:
+    """Run one step `fn` on a saved copy's worth of `pool` and return `step_error` of sequence 0
+    (its output, and its pool row where the step writes it in place)."""
+    i0 = int(idx[0])
+    before = pool.clone()
+    o = fn()
+    return step_error(x, o, before, pool, i0 if pool_row_written else None, i0 if pool_row_written else 0)
+
+
 def host_us(fn, n=300) -> float:
     """Host µs per call of `fn` in a tight loop (the GPU may still be busy after)."""
     import torch
@@ -176,19 +190,14 @@ def _case(pool_dtype, H, B, fla_entry, timer, copy_tbs, repeats, host_n) -> dict
     """One row: ours and fla on the same inputs, each from its own copy of the pool."""
     fla, fla_label, fla_serving = fla_entry
     x, pool, idx = _inputs(B, H, pool_dtype)
-    state_bytes = 2 * B * H * D * D * pool.element_size()   # each row read and written once
+    nbytes = state_bytes(B, H, pool)
     ours = lambda: fused_recurrent_kda(**x, initial_state=pool, state_indices=idx)   # noqa: E731
-    i0 = int(idx[0])
-    before = pool.clone()   # correctness on this run's inputs, one step from a saved pool
-    o = ours()
-    row = dict(pool=pool_dtype, H=H, B=B, state_bytes=state_bytes,
-               err=step_error(x, o, before, pool, i0, i0), fla=fla_label)
-    del before, o
+    row = dict(pool=pool_dtype, H=H, B=B, state_bytes=nbytes, err=checked_step(x, pool, idx, ours), fla=fla_label)
     _measure(row, "", ours, timer, repeats, host_n)
-    copy_us = timer.copy_us(state_bytes // 2, repeats=repeats)
+    copy_us = timer.copy_us(nbytes // 2, repeats=repeats)
     row["copy_us"] = copy_us
     if row.get("us"):
-        row["tbs"] = state_bytes / row["us"] / 1e6
+        row["tbs"] = nbytes / row["us"] / 1e6
         row["pct_copy"] = 100 * row["tbs"] / copy_tbs
         row["pct_same_copy"] = 100 * copy_us / row["us"]
     if fla is None:
@@ -196,11 +205,7 @@ def _case(pool_dtype, H, B, fla_entry, timer, copy_tbs, repeats, host_n) -> dict
     fla_pool = pool.clone()
     theirs = lambda: fla(x, fla_pool, idx)   # noqa: E731
     try:
-        fla_before = fla_pool.clone()
-        o_fla = theirs()
-        row["fla_err"] = (step_error(x, o_fla, fla_before, fla_pool, i0, i0) if fla_serving else
-                          step_error(x, o_fla, fla_before, fla_pool, None, 0))   # output only
-        del fla_before, o_fla
+        row["fla_err"] = checked_step(x, fla_pool, idx, theirs, pool_row_written=fla_serving)
         _measure(row, "fla_", theirs, timer, repeats, host_n)
     except Exception as exc:
         row["fla_error"] = f"{type(exc).__name__}: {exc}"[:200]
@@ -214,23 +219,24 @@ def _sweep_row(pool_dtype, H, B, rpt, stages, timer, copy_tbs, repeats) -> dict:
     ours = lambda: fused_recurrent_kda(**x, initial_state=pool, state_indices=idx,   # noqa: E731
                                        rows_per_thread=rpt, stages=stages)
     try:
-        i0 = int(idx[0])
-        before = pool.clone()
-        row["err"] = step_error(x, ours(), before, pool, i0, i0)
+        row["err"] = checked_step(x, pool, idx, ours)
         row["us"] = timer.median_us(ours, warmup=10, repeats=repeats)
-        row["tbs"] = 2 * B * H * D * D * pool.element_size() / row["us"] / 1e6
+        row["tbs"] = state_bytes(B, H, pool) / row["us"] / 1e6
         row["pct_copy"] = 100 * row["tbs"] / copy_tbs
     except Exception as exc:
         row["error"] = f"{type(exc).__name__}: {exc}"[:200]
     return row
 
 
+def _setting(value) -> str:
+    return str(value) if value else "auto"
+
+
 def _print_sweep(rows):
     print(f"{'pool':>8} {'H':>3} {'B':>4} {'rpt':>4} {'stages':>6} {'us':>7} {'TB/s':>5} {'%copy':>5} {'err':>7}")
     for r in rows:
         g = r.get
-        setting = lambda v: str(v) if v else "auto"   # noqa: E731
-        print(f"{r['pool']:>8} {r['H']:3d} {r['B']:4d} {setting(r['rows_per_thread']):>4} {setting(r['stages']):>6} "
+        print(f"{r['pool']:>8} {r['H']:3d} {r['B']:4d} {_setting(r['rows_per_thread']):>4} {_setting(r['stages']):>6} "
               f"{_cell(g('us'), '.1f', 7)} {_cell(g('tbs'), '.2f', 5)} {_cell(g('pct_copy'), '.0f', 5)} "
               f"{_cell(g('err'), '.1e', 7)} {g('error', '')}")
 

@@ -24,7 +24,6 @@ class Timer:
         if flush not in FLUSH_MODES:
             raise ValueError(f"flush must be one of {FLUSH_MODES}; got {flush!r}")
         self.torch = torch
-        self.flush_mode = flush
         buf = torch.ones(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
         self.flush = buf.sum if flush == "read" else buf.zero_
 
