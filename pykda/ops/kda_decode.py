@@ -72,8 +72,12 @@ def staged_tokens(p: KdaDecodeProblem) -> int:
 
 
 def stage_bytes(p: KdaDecodeProblem, rpt: int) -> int:
-    """A ring stage: the state tile, then per staged token the q, k, g, v rows and a β word."""
-    return -(-(tile_bytes(rpt) + staged_tokens(p) * (4 * p.dim * 2 + 4)) // 128) * 128
+    """A ring stage (the kernel checks this count against its layout): the state tile; per
+    staged token the q, k, g, v rows (bf16) and a β word; the head's dt_bias row and A_log
+    (fp32, 16 bytes for A_log); per staged token the fp32 decays."""
+    t = staged_tokens(p)
+    gate_at = -(-(tile_bytes(rpt) + t * (4 * p.dim * 2 + 4)) // 16) * 16
+    return -(-(gate_at + p.dim * 4 + 16 + t * p.dim * 4) // 128) * 128
 
 
 def default_stages(p: KdaDecodeProblem, rpt: int, smem_per_sm: int) -> int:
@@ -105,7 +109,8 @@ def plan_kda_decode(p: KdaDecodeProblem, sm_count: int, smem_per_sm: int, rpt: i
 def kda_decode_spec(p: KdaDecodeProblem, rpt: int, stages: int, arch: str) -> runtime.KernelSpec:
     return runtime.KernelSpec.make("kda_decode", {
         "K": p.dim, "STATE": STATE_CTYPES[p.state_dtype], "RPT": rpt, "STAGES": stages, "WARPS": WARPS,
-        "MIN_CTAS": min_ctas(p.state_dtype, rpt), "TMAX": staged_tokens(p), "IDX_T": INDEX_CTYPES[p.index_dtype],
+        "MIN_CTAS": min_ctas(p.state_dtype, rpt), "TMAX": staged_tokens(p),
+        "STAGE_BYTES": stage_bytes(p, rpt), "IDX_T": INDEX_CTYPES[p.index_dtype],
         "CU_T": INDEX_CTYPES[p.cu_dtype]}, arch, kernels=("kda_decode",))
 
 
@@ -115,6 +120,8 @@ def validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, 
     B, T, H, K = check_kda_inputs(q, k, v, g, beta, A_log, dt_bias)
     if T < 1:
         raise ValueError(f"q must hold at least one token (T >= 1); got T = {T}")
+    if B * T >= 2 ** 31:
+        raise ValueError(f"q holds B * T = {B * T} tokens; the kernel indexes tokens with 32-bit ints (< 2^31)")
     for name, x in (("q", q), ("k", k), ("g", g), ("v", v)):   # rows copied in 16-byte pieces
         check_inner_contiguous(x, name)
         check_aligned(x, name, 16)

@@ -105,6 +105,32 @@ template <int WIDTH, int N> PYKDA_DEVICE void group_sums(float (&v)[N]) {
 #pragma unroll
     for (int i = 0; i < N; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
 }
+__host__ __device__ constexpr int ilog2(int n) { return n > 1 ? 1 + ilog2(n / 2) : 0; }   // of a power of two
+
+// N sums at once (N a power of two <= WIDTH), each left in only some lanes: a reduce-scatter.
+// Each butterfly step halves the values a lane carries (it keeps one half, its partner the
+// other, and each adds what the other sends), so N - 1 shuffles do the work of N · log2(WIDTH).
+// Returns the sum of value index (lane % WIDTH) / (WIDTH / N), which WIDTH / N lanes hold.
+template <int WIDTH, int N> PYKDA_DEVICE float group_scatter_sums(float (&v)[N], int lane) {
+  static_assert((N & (N - 1)) == 0 && N <= WIDTH, "N: a power of two <= WIDTH");
+  constexpr int HALVINGS = ilog2(N), STEPS = ilog2(WIDTH);
+#pragma unroll
+  for (int step = 0; step < HALVINGS; ++step) {   // counted loops: unrolled, so v stays in registers
+    const int o = WIDTH / 2 >> step, half = N / 2 >> step;
+    const uint32_t upper = lane & o ? ~0u : 0u;   // all ones: this lane keeps the upper half
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {   // bitwise selects: a select of array elements would go to local memory
+      if (i >= half) break;
+      const uint32_t lo = __float_as_uint(v[i]), hi = __float_as_uint(v[i + half]);
+      const float keep = __uint_as_float((hi & upper) | (lo & ~upper));
+      const float send = __uint_as_float((lo & upper) | (hi & ~upper));
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+    }
+  }
+#pragma unroll
+  for (int step = HALVINGS; step < STEPS; ++step) v[0] += __shfl_xor_sync(0xffffffffu, v[0], WIDTH / 2 >> step);
+  return v[0];
+}
 template <int WIDTH> PYKDA_DEVICE float group_max(float v) {
 #pragma unroll
   for (int o = WIDTH / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
