@@ -73,7 +73,7 @@ class _Launches:
 
 
 @contextlib.contextmanager
-def stubbed_gpu(twin: types.ModuleType, kernel_type=launch.Kernel):
+def stubbed_gpu(twin: types.ModuleType, launcher_type=launch.Launcher):
     """fused_recurrent_kda runs on CPU tensors up to (and through) the ctypes launch call."""
     from pykda import runtime
     saved = []
@@ -87,7 +87,7 @@ def stubbed_gpu(twin: types.ModuleType, kernel_type=launch.Kernel):
 
     def get_kernel(spec, dev, name):
         if name not in kernels:
-            kernels[name] = kernel_type(types.SimpleNamespace(ptr=0), name, dev)
+            kernels[name] = launch.Kernel(types.SimpleNamespace(ptr=0), name, dev)
             kernels[name]._smem_limit = info.smem_per_block_optin   # as if already raised: no driver call
         return kernels[name]
 
@@ -95,8 +95,9 @@ def stubbed_gpu(twin: types.ModuleType, kernel_type=launch.Kernel):
     patch(device, "gpu_available", lambda: True)
     patch(runtime, "device_info", lambda i: info)
     patch(runtime, "get_kernel", get_kernel)
+    patch(runtime, "Launcher", launcher_type)
     patch(torch._C, "_cuda_getCurrentRawStream", lambda dev: 0)
-    for name in ("as_device_array", "empty_like_framework", "launch_stream", "to_framework"):
+    for name in ("as_device_array", "new_contiguous_like", "launch_stream", "to_framework"):
         patch(kda_decode, name, getattr(twin, name))
     kda_decode._kernel_for.cache_clear()
     try:
@@ -179,13 +180,12 @@ def test_cpu_twin_views_torch_tensors_like_the_real_path():
         arrays.as_device_array(t, "q")
 
 
-class _SpyKernel(launch.Kernel):
-    __slots__ = ("calls",)
+class _SpyLauncher(launch.Launcher):
+    calls: list = []   # the argument tuples of every launch
 
-    def launch(self, grid, block, args, smem, stream):
-        self.calls = getattr(self, "calls", [])
-        self.calls.append(args)
-        super().launch(grid, block, args, smem, stream)
+    def __call__(self, grid, block, args, smem, stream):
+        _SpyLauncher.calls.append(args)
+        super().__call__(grid, block, args, smem, stream)
 
 
 def test_stubbed_call_packs_the_kernel_parameters():
@@ -193,7 +193,8 @@ def test_stubbed_call_packs_the_kernel_parameters():
     twin = cpu_twin_of_arrays()
     x, pool, idx = cpu_inputs()
     seen = []
-    with stubbed_gpu(twin, _SpyKernel) as kernels:
+    _SpyLauncher.calls = []
+    with stubbed_gpu(twin, _SpyLauncher):
         entries = launch._driver()
 
         def spy(inner):
@@ -209,9 +210,9 @@ def test_stubbed_call_packs_the_kernel_parameters():
         for _ in range(2):   # the second call reuses the parameter buffer
             o = kda_decode.fused_recurrent_kda(**x, initial_state=pool, state_indices=idx, out=out, scale=0.5)
             assert o is out
-        (kernel,) = kernels.values()
-        assert len(seen) == 2 and len(kernel.calls) == 2
-        args = kernel.calls[-1]
+        assert len(seen) == 2 and len(_SpyLauncher.calls) == 2
+        args = _SpyLauncher.calls[-1]
+        assert launch.signature(args) == kda_decode.KERNEL_SIGNATURE
         geometry, pointers = seen[-1]
         assert geometry[0] == 0 and geometry[8] == 0   # the kernel handle, the stream
         layout, offsets = launch.param_layout(args)

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import runtime
-from ..runtime.arrays import as_device_array, empty_like_framework, launch_stream, to_framework
+from ..runtime.arrays import as_device_array, launch_stream, new_contiguous_like, to_framework
 from .kda import check_kda_inputs
 from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_lower_bound, check_ndim, check_same_device, check_shape, check_stages, memoized, resolve_scale)
 
@@ -20,6 +20,10 @@ INDEX_CTYPES = {"int32": "int", "int64": "long long"}
 WARPS = 4             # consumer warps; one more warp produces
 RING_STAGES = 3
 MAX_STAGED_TOKENS = 8 # tokens per tile whose inputs ride the ring (more are read from global memory)
+# the kernel's parameters, in order, as `runtime.signature` gives them: pointers as int, the
+# Layout struct (18 int64 strides) by its byte length
+KERNEL_SIGNATURE = (int,) * 5 + (18 * 8,) + (int,) * 3 + (np.int32, int, int, np.int32, np.int32, np.int32,
+                                                          int, float, float)
 
 
 class KdaDecodeProblem(NamedTuple):
@@ -181,16 +185,16 @@ def check_state_indices(indices: np.ndarray, pool_rows: int) -> None:
 
 @functools.lru_cache(maxsize=256)
 def _kernel_for(p: KdaDecodeProblem, device: int, rpt: int | None, stages: int | None
-                ) -> tuple[KdaDecodePlan, runtime.Kernel, tuple]:
-    """The plan, the compiled kernel for problem `p` on `device` (compiled on first use) and
-    the kernel's int32 arguments (pool rows, tokens, heads, tiles)."""
+                ) -> tuple[KdaDecodePlan, runtime.Launcher, tuple]:
+    """The plan, the launcher of the kernel for problem `p` on `device` (compiled on first
+    use) and the kernel's int32 arguments (pool rows, tokens, heads, tiles)."""
     dev = runtime.device_info(device)
     plan = plan_kda_decode(p, dev.sm_count, dev.smem_per_sm, rpt, stages)
     if plan.smem > dev.smem_per_block_optin:
         raise ValueError(f"stages={plan.stages} needs {plan.smem} bytes of shared memory per block; "
                          f"the device allows {dev.smem_per_block_optin}")
     kernel = runtime.get_kernel(kda_decode_spec(p, plan.rpt, plan.stages, dev.arch), device, "kda_decode")
-    return plan, kernel, tuple(map(np.int32, (p.pool_rows, p.tokens, p.heads, plan.n_tiles)))
+    return plan, runtime.Launcher(kernel, KERNEL_SIGNATURE), tuple(map(np.int32, (p.pool_rows, p.tokens, p.heads, plan.n_tiles)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -232,13 +236,13 @@ def fused_recurrent_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float 
         import cupy
         check_state_indices(cupy.asnumpy(cupy.from_dlpack(state_indices)), p.pool_rows)
     runtime.require_gpu()
-    plan, kernel, (pool_rows, tokens, heads, n_tiles) = _kernel_for(p, qa.device, rows_per_thread, stages)
+    plan, launch, (pool_rows, tokens, heads, n_tiles) = _kernel_for(p, qa.device, rows_per_thread, stages)
     strm = launch_stream(qa, stream)
-    if out is None:
-        out = empty_like_framework(qa, (p.batch, p.tokens, p.heads, p.dim), "bfloat16")
-        oa = as_device_array(out, "out")
+    if out is None:   # o has v's shape and dtype
+        oa = new_contiguous_like(va)
+        out = oa.obj
     layout = _layout(qa.strides, ka.strides, ga.strides, va.strides, ba.strides, oa.strides)
-    kernel.launch((plan.grid, 1, 1), ((WARPS + 1) * 32, 1, 1),
+    launch((plan.grid, 1, 1), ((WARPS + 1) * 32, 1, 1),
                   (qa.ptr, ka.ptr, ga.ptr, va.ptr, ba.ptr, layout, al.ptr, dt.ptr, st.ptr, pool_rows,
                    idx.ptr if idx is not None else 0, cu.ptr if cu is not None else 0, tokens, heads, n_tiles,
                    oa.ptr, lower_bound, scale),   # lower_bound, scale: Python floats, passed as float

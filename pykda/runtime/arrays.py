@@ -6,6 +6,7 @@ in the framework of a reference array. Nothing here synchronizes the host.
 """
 from __future__ import annotations
 
+import functools
 import sys
 
 _TORCH_DTYPES: dict = {}   # torch.dtype -> name, filled on first torch tensor
@@ -13,6 +14,7 @@ _TORCH_BY_NAME: dict = {}  # name -> torch.dtype, filled by empty_like_framework
 _NAMES = ("bfloat16", "float16", "float32", "float64", "int32", "int64", "uint8", "int8", "bool")
 _TENSOR: type | None = None   # torch.Tensor, bound on the first call after torch is imported
 _RAW_STREAM = None            # torch's current-stream getter (a C function), bound on first use
+_EMPTY_LIKE = None            # (torch.empty_like, torch.contiguous_format), bound on first use
 _new = object.__new__
 
 
@@ -129,6 +131,33 @@ def empty_like_framework(ref: DeviceArray, shape: tuple, dtype: str):
     import cupy
     with cupy.cuda.Device(ref.device):
         return cupy.empty(shape, dtype=_cupy_dtype(dtype))
+
+
+@functools.lru_cache(maxsize=256)
+def _contiguous_strides(shape: tuple) -> tuple:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+def new_contiguous_like(ref: DeviceArray) -> DeviceArray:
+    """A new uninitialized contiguous array with ref's shape and dtype, on ref's device, in
+    ref's framework, already viewed (for torch only its pointer is read: the rest is known)."""
+    if ref.framework == "torch":
+        global _EMPTY_LIKE
+        if _EMPTY_LIKE is None:
+            import torch
+            _EMPTY_LIKE = (torch.empty_like, torch.contiguous_format)
+        obj = _EMPTY_LIKE[0](ref.obj, memory_format=_EMPTY_LIKE[1])
+        a = _new(DeviceArray)
+        a.ptr = ptr = obj.data_ptr()
+        a.shape, a.strides, a.dtype, a.device = ref.shape, _contiguous_strides(ref.shape), ref.dtype, ref.device
+        a.framework, a.obj = "torch", obj
+        a.meta = (a.shape, a.strides, a.dtype, a.device, ptr & 15)
+        return a
+    return as_device_array(empty_like_framework(ref, ref.shape, ref.dtype), "out")
 
 
 def to_framework(ref: DeviceArray, arr):

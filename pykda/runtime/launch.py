@@ -42,20 +42,25 @@ def _error_name(code: int) -> str:
     return s.value.decode() if s.value else str(code)
 
 
-def param_layout(args: tuple) -> tuple[struct.Struct, tuple[int, ...]]:
-    """The packed parameter buffer for `args` (laid out by their types and, for structs,
-    byte lengths) and each parameter's offset in it."""
+def signature(args: tuple) -> tuple:
+    """What a parameter buffer's layout depends on: each argument's type, and for a struct
+    (`bytes`) its byte length."""
+    return tuple(len(a) if type(a) is bytes else type(a) for a in args)
+
+
+def layout_of(sig: tuple) -> tuple[struct.Struct, tuple[int, ...]]:
+    """The packed parameter buffer for a signature (types; byte lengths for structs) and each
+    parameter's offset in it."""
     fmt, offset, offsets = "<", 0, []
-    for a in args:
-        typ = type(a)
-        if typ in _SCALARS:
-            code, size = _SCALARS[typ]
-            align = size
-        elif typ is bytes:
-            code, size = f"{len(a)}s", len(a)
+    for t in sig:
+        if type(t) is int:   # a struct of t bytes
+            code, size = f"{t}s", t
             align = 64 if size == 128 else 8
+        elif t in _SCALARS:
+            code, size = _SCALARS[t]
+            align = size
         else:
-            raise TypeError(f"unsupported kernel argument type {typ.__name__}")
+            raise TypeError(f"unsupported kernel argument type {t.__name__}")
         pad = -offset % align
         fmt += "x" * pad + code
         offsets.append(offset + pad)
@@ -63,35 +68,70 @@ def param_layout(args: tuple) -> tuple[struct.Struct, tuple[int, ...]]:
     return struct.Struct(fmt), tuple(offsets)
 
 
-class _ParamBuffer:
-    """A kernel's parameter buffer and the pointer array into it, reused across launches
-    (the driver copies the parameters during cuLaunchKernel). `struct_sizes` pairs the
-    position of each struct argument with its byte length (part of the layout)."""
-    __slots__ = ("layout", "buffer", "pointers", "struct_sizes")
+def param_layout(args: tuple) -> tuple[struct.Struct, tuple[int, ...]]:
+    """The packed parameter buffer for `args` (laid out by their types and, for structs,
+    byte lengths) and each parameter's offset in it."""
+    return layout_of(signature(args))
 
-    def __init__(self, args: tuple):
-        self.layout, offsets = param_layout(args)
+
+class Launcher:
+    """Launches of one kernel with arguments of one signature: the parameter buffer and the
+    pointer array into it are made once and reused (the driver copies the parameters during
+    cuLaunchKernel). Arguments of another signature would be packed wrongly: an op keeps one
+    Launcher per call site, whose argument types never change."""
+    __slots__ = ("kernel", "sig", "structs", "layout", "buffer", "pointers")
+
+    def __init__(self, kernel: "Kernel", sig: tuple):
+        self.kernel, self.sig = kernel, sig
+        self.structs = tuple((i, n) for i, n in enumerate(sig) if type(n) is int)   # (position, bytes)
+        self.layout, offsets = layout_of(sig)
         self.buffer = ctypes.create_string_buffer(self.layout.size)
         base = ctypes.addressof(self.buffer)
         self.pointers = (ctypes.c_void_p * len(offsets))(*[base + o for o in offsets])
-        self.struct_sizes = tuple((i, len(a)) for i, a in enumerate(args) if type(a) is bytes)
 
+    def __call__(self, grid: tuple, block: tuple, args: tuple, smem: int, stream: int) -> None:
+        """Asynchronous launch on the stream handle `stream` (no host synchronisation)."""
+        kernel = self.kernel
+        with kernel._lock:
+            if smem > kernel._smem_limit:
+                from cupy.cuda import driver
+                driver.funcSetAttribute(kernel.handle, _MAX_DYNAMIC_SMEM_ATTR, smem)
+                kernel._smem_limit = smem
+            self.layout.pack_into(self.buffer, 0, *args)
+            raw = kernel._raw
+            if raw is None:
+                raw = kernel._raw = (_driver()[2], ctypes.c_void_p(kernel.handle))
+            # The prototype-less entry point costs about half the typed one: the ints go as C ints,
+            # the stream as a pointer. Values that are not such (a grid dimension >= 2^31, a stream
+            # that is not an int) take the typed entry point, which converts them as before.
+            try:
+                status = raw[0](raw[1], grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
+                                ctypes.c_void_p(stream), self.pointers, None)
+            except (ctypes.ArgumentError, TypeError):
+                status = self._typed(grid, block, smem, stream)
+            if status == _ERROR_INVALID_CONTEXT:   # a thread without a current context: take the device's
+                import cupy
+                with cupy.cuda.Device(kernel.device):
+                    status = self._typed(grid, block, smem, stream)
+        if status != 0:
+            raise RuntimeError(f"cuLaunchKernel({kernel.name}) failed: {_error_name(status)} "
+                               f"(grid {grid}, block {block}, {smem} bytes of shared memory)")
 
-def _layout_key(args: tuple) -> tuple:
-    """What the parameter layout depends on: each argument's type, and each struct's length."""
-    return tuple(len(a) if type(a) is bytes else type(a) for a in args)
+    def _typed(self, grid, block, smem, stream) -> int:
+        return _driver()[0](self.kernel.handle, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
+                            stream, self.pointers, None)
 
 
 class Kernel:
     """One `extern "C"` kernel of a loaded module."""
-    __slots__ = ("name", "function", "handle", "device", "_smem_limit", "_lock", "_params", "_raw")
+    __slots__ = ("name", "function", "handle", "device", "_smem_limit", "_lock", "_launchers", "_raw")
 
     def __init__(self, function, name: str, device: int):
         self.function, self.name, self.device = function, name, device
         self.handle = function.ptr
         self._smem_limit = 48 * 1024
         self._lock = threading.Lock()
-        self._params: dict[tuple, _ParamBuffer] = {}
+        self._launchers: dict[tuple, Launcher] = {}   # by signature, and by the argument types alone
         self._raw = None   # (cuLaunchKernel without argtypes, the kernel handle as c_void_p)
 
     @property
@@ -99,56 +139,27 @@ class Kernel:
         from cupy.cuda import driver
         return driver.funcGetAttribute(_NUM_REGS_ATTR, self.handle)
 
-    def _params_for(self, args: tuple) -> _ParamBuffer:
-        """The parameter buffer for these argument types (looked up by types alone; struct
-        lengths are checked against the buffer found)."""
+    def launcher(self, args: tuple) -> Launcher:
+        """The Launcher for arguments like `args` (looked up by their types alone; struct
+        lengths are checked against the one found)."""
         types = tuple(map(type, args))
-        params = self._params.get(types)
-        if params is not None:
-            for i, size in params.struct_sizes:
-                if len(args[i]) != size:
+        found = self._launchers.get(types)
+        if found is not None:
+            for i, n in found.structs:
+                if len(args[i]) != n:
                     break
             else:
-                return params
-        key = _layout_key(args)
-        params = self._params.get(key)
-        if params is None:
-            params = self._params[key] = _ParamBuffer(args)
-        if types not in self._params:
-            self._params[types] = params
-        return params
+                return found
+        sig = signature(args)
+        found = self._launchers.get(sig)
+        if found is None:
+            found = self._launchers[sig] = Launcher(self, sig)
+        self._launchers[types] = found
+        return found
 
     def launch(self, grid: tuple, block: tuple, args: tuple, smem: int, stream: int) -> None:
         """Asynchronous launch on the stream handle `stream` (no host synchronisation)."""
-        with self._lock:
-            if smem > self._smem_limit:
-                from cupy.cuda import driver
-                driver.funcSetAttribute(self.handle, _MAX_DYNAMIC_SMEM_ATTR, smem)
-                self._smem_limit = smem
-            params = self._params_for(args)
-            params.layout.pack_into(params.buffer, 0, *args)
-            raw = self._raw
-            if raw is None:
-                raw = self._raw = (_driver()[2], ctypes.c_void_p(self.handle))
-            # The prototype-less entry point costs about half the typed one: the ints go as C ints,
-            # the stream as a pointer. Values that are not such (a grid dimension >= 2^31, a stream
-            # that is not an int) take the typed entry point, which converts them as before.
-            try:
-                status = raw[0](raw[1], grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
-                                ctypes.c_void_p(stream), params.pointers, None)
-            except (ctypes.ArgumentError, TypeError):
-                status = self._typed_launch(grid, block, smem, stream, params)
-            if status == _ERROR_INVALID_CONTEXT:   # a thread without a current context: take the device's
-                import cupy
-                with cupy.cuda.Device(self.device):
-                    status = self._typed_launch(grid, block, smem, stream, params)
-        if status != 0:
-            raise RuntimeError(f"cuLaunchKernel({self.name}) failed: {_error_name(status)} "
-                               f"(grid {grid}, block {block}, {smem} bytes of shared memory)")
-
-    def _typed_launch(self, grid, block, smem, stream, params) -> int:
-        return _driver()[0](self.handle, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream,
-                            params.pointers, None)
+        self.launcher(args)(grid, block, args, smem, stream)
 
 
 class LoadedModule:
