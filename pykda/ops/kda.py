@@ -222,8 +222,7 @@ def v_tensor_map(v: DeviceArray, vs: int, chunk: int) -> np.ndarray:
     sh = sh if H > 1 else V * 2
     st = st if T > 1 else max(sh * H, 16)
     sb = sb if B > 1 else max(st * T, 16)
-    return runtime.encode_tiled("v", "bfloat16", v.ptr, (V, H, T, B), (sh, st, sb), (vs, 1, chunk, 1),
-                                l2_promotion=256)
+    return runtime.encode_tiled("v", "bfloat16", v.ptr, (V, H, T, B), (sh, st, sb), (vs, 1, chunk, 1))
 
 
 def chunk_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scale: float | None = None,
