@@ -95,7 +95,7 @@ def stubbed_gpu(twin: types.ModuleType, launcher_type=launch.Launcher):
     patch(device, "gpu_available", lambda: True)
     patch(runtime, "device_info", lambda i: info)
     patch(runtime, "get_kernel", get_kernel)
-    patch(runtime, "Launcher", launcher_type)
+    patch(launch, "Launcher", launcher_type)   # what Kernel.launcher_for makes
     patch(torch._C, "_cuda_getCurrentRawStream", lambda dev: 0)
     for name in ("as_device_array", "new_contiguous_like", "launch_stream", "to_framework"):
         patch(kda_decode, name, getattr(twin, name))

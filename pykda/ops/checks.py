@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 import math
 
-from ..runtime.arrays import DeviceArray
+from ..runtime.arrays import DeviceArray, contiguous_strides
 
 FLOAT32_MAX = 3.4028234663852886e38
 ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8}
@@ -54,11 +54,8 @@ def check_aligned(a: DeviceArray, name: str, nbytes: int = 16) -> None:
 
 
 def check_contiguous(a: DeviceArray, name: str) -> None:
-    expected, step = [], 1
-    for size in reversed(a.shape):
-        expected.append(step)
-        step *= size
-    if any(s != e for s, e, n in zip(a.strides, reversed(expected), a.shape) if n > 1):
+    expected = contiguous_strides(tuple(a.shape))
+    if any(s != e for s, e, n in zip(a.strides, expected, a.shape) if n > 1):
         raise ValueError(f"{name} must be contiguous; got strides {a.strides} for shape {tuple(a.shape)}")
 
 

@@ -194,7 +194,7 @@ def _kernel_for(p: KdaDecodeProblem, device: int, rpt: int | None, stages: int |
         raise ValueError(f"stages={plan.stages} needs {plan.smem} bytes of shared memory per block; "
                          f"the device allows {dev.smem_per_block_optin}")
     kernel = runtime.get_kernel(kda_decode_spec(p, plan.rpt, plan.stages, dev.arch), device, "kda_decode")
-    return plan, runtime.Launcher(kernel, KERNEL_SIGNATURE), tuple(map(np.int32, (p.pool_rows, p.tokens, p.heads, plan.n_tiles)))
+    return plan, kernel.launcher_for(KERNEL_SIGNATURE), tuple(map(np.int32, (p.pool_rows, p.tokens, p.heads, plan.n_tiles)))
 
 
 @functools.lru_cache(maxsize=256)

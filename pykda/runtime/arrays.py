@@ -134,7 +134,8 @@ def empty_like_framework(ref: DeviceArray, shape: tuple, dtype: str):
 
 
 @functools.lru_cache(maxsize=256)
-def _contiguous_strides(shape: tuple) -> tuple:
+def contiguous_strides(shape: tuple) -> tuple:
+    """Element strides of a C-contiguous array of `shape`."""
     strides, step = [], 1
     for n in reversed(shape):
         strides.append(step)
@@ -151,12 +152,7 @@ def new_contiguous_like(ref: DeviceArray) -> DeviceArray:
             import torch
             _EMPTY_LIKE = (torch.empty_like, torch.contiguous_format)
         obj = _EMPTY_LIKE[0](ref.obj, memory_format=_EMPTY_LIKE[1])
-        a = _new(DeviceArray)
-        a.ptr = ptr = obj.data_ptr()
-        a.shape, a.strides, a.dtype, a.device = ref.shape, _contiguous_strides(ref.shape), ref.dtype, ref.device
-        a.framework, a.obj = "torch", obj
-        a.meta = (a.shape, a.strides, a.dtype, a.device, ptr & 15)
-        return a
+        return DeviceArray(obj.data_ptr(), ref.shape, contiguous_strides(ref.shape), ref.dtype, ref.device, "torch", obj)
     return as_device_array(empty_like_framework(ref, ref.shape, ref.dtype), "out")
 
 

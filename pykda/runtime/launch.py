@@ -79,10 +79,10 @@ class Launcher:
     pointer array into it are made once and reused (the driver copies the parameters during
     cuLaunchKernel). Arguments of another signature would be packed wrongly: an op keeps one
     Launcher per call site, whose argument types never change."""
-    __slots__ = ("kernel", "sig", "structs", "layout", "buffer", "pointers")
+    __slots__ = ("kernel", "structs", "layout", "buffer", "pointers")
 
     def __init__(self, kernel: "Kernel", sig: tuple):
-        self.kernel, self.sig = kernel, sig
+        self.kernel = kernel
         self.structs = tuple((i, n) for i, n in enumerate(sig) if type(n) is int)   # (position, bytes)
         self.layout, offsets = layout_of(sig)
         self.buffer = ctypes.create_string_buffer(self.layout.size)
@@ -150,11 +150,14 @@ class Kernel:
                     break
             else:
                 return found
-        sig = signature(args)
+        found = self._launchers[types] = self.launcher_for(signature(args))
+        return found
+
+    def launcher_for(self, sig: tuple) -> Launcher:
+        """The Launcher for arguments of signature `sig` (see `signature`), made on first use."""
         found = self._launchers.get(sig)
         if found is None:
             found = self._launchers[sig] = Launcher(self, sig)
-        self._launchers[types] = found
         return found
 
     def launch(self, grid: tuple, block: tuple, args: tuple, smem: int, stream: int) -> None:
