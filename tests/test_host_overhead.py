@@ -57,16 +57,13 @@ def cpu_inputs(pool_dtype=torch.float32):
 
 
 class _Launches:
-    """cuLaunchKernel's ctypes entry points (typed, and prototype-less where the runtime has
-    one) around libc's abs(handle = 0) = 0: the argument conversion is the real one."""
+    """cuLaunchKernelEx's ctypes entry point as the runtime makes it (no prototype), around
+    libc's strnlen(config, handle = 0) = 0: the argument passing is the real one."""
 
     def __init__(self):
-        typed = ctypes.CDLL(None).abs
-        typed.restype = ctypes.c_int
-        typed.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
-        raw = ctypes.CDLL("libc.so.6").abs   # a function object of its own: no argtypes
-        raw.restype = ctypes.c_int
-        self.entries = (typed, lambda code, out: 0, raw)
+        ex = ctypes.CDLL("libc.so.6").strnlen   # a function object of its own: no argtypes
+        ex.restype = ctypes.c_int
+        self.entries = (ex, lambda code, out: 0)
 
     def driver(self):
         return self.entries
@@ -97,8 +94,7 @@ def stubbed_gpu(twin: types.ModuleType, launcher_type=launch.Launcher):
     patch(runtime, "get_kernel", get_kernel)
     patch(launch, "Launcher", launcher_type)   # what Kernel.launcher_for makes
     patch(torch._C, "_cuda_getCurrentRawStream", lambda dev: 0)
-    for name in ("as_device_array", "new_contiguous_like", "launch_stream", "to_framework"):
-        patch(kda_decode, name, getattr(twin, name))
+    patch(kda_decode, "CallArrays", twin.CallArrays)
     kda_decode._kernel_for.cache_clear()
     try:
         yield kernels
@@ -131,19 +127,6 @@ def measure() -> dict[str, float]:
             as_dev(t, n)
     res["as_device_array x10 (torch)"] = _per_call_us(view10)
 
-    def fakes(batch):   # the call's arrays, as fakes: a new set each time, as each call makes
-        f = device_array
-        return (f((batch, 1, H, D)), f((batch, 1, H, D)), f((batch, 1, H, D)), f((batch, 1, H, D)),
-                f((batch, 1, H)), f((H,), "float32"), f((H * D,), "float32"), f((2 * batch, H, D, D), "float32"),
-                f((batch,), "int32"), None, None)
-    validate = kda_decode.validate_kda_decode
-    same = [fakes(B) for _ in range(2)]
-    res["memoized validate (repeat of last call)"] = _per_call_us(
-        lambda: (validate(*same[0]), validate(*same[1])), number=1000) / 2
-    other = [fakes(B), fakes(B + 1)]
-    res["memoized validate (alternating problems)"] = _per_call_us(
-        lambda: (validate(*other[0]), validate(*other[1])), number=1000) / 2
-
     kernel = launch.Kernel(types.SimpleNamespace(ptr=0), "kda_decode", 0)
     layout = np.arange(18, dtype=np.int64).tobytes()
     args = (1 << 30, 1 << 30, 1 << 30, 1 << 30, 1 << 30, layout, 1 << 30, 1 << 30, 1 << 30, np.int32(2),
@@ -161,6 +144,24 @@ def measure() -> dict[str, float]:
         launch._driver = saved
 
     with stubbed_gpu(twin):
+        def fakes(batch):   # the call's arrays, as fakes: a new set each time, as each call makes
+            f = device_array
+            return (f((batch, 1, H, D)), f((batch, 1, H, D)), f((batch, 1, H, D)), f((batch, 1, H, D)),
+                    f((batch, 1, H)), f((H,), "float32"), f((H * D,), "float32"), f((2 * batch, H, D, D), "float32"),
+                    f((batch,), "int32"), None, None)
+        names, settings = kda_decode.ARGUMENTS, (None, -5.0, None, None)
+
+        def prepare(arrays):
+            return kda_decode.PREPARED.get((arrays.key, settings), arrays, settings)
+        same = [arrays.CallArrays(fakes(B), names, kda_decode.REQUIRED) for _ in range(2)]
+        res["memoized prepare (repeat of last call)"] = _per_call_us(
+            lambda: (prepare(same[0]), prepare(same[1])), number=1000) / 2
+        other = [arrays.CallArrays(fakes(b), names, kda_decode.REQUIRED) for b in (B, B + 1)]
+        res["memoized prepare (alternating problems)"] = _per_call_us(
+            lambda: (prepare(other[0]), prepare(other[1])), number=1000) / 2
+        res["CallArrays of the call's 11 arguments"] = _per_call_us(
+            lambda: twin.CallArrays((x["q"], x["k"], x["v"], x["g"], x["beta"], x["A_log"], x["dt_bias"], pool, idx,
+                                     None, None), names, kda_decode.REQUIRED))
         call = lambda: kda_decode.fused_recurrent_kda(**x, initial_state=pool, state_indices=idx)  # noqa: E731
         res["fused_recurrent_kda (stubbed GPU)"] = _per_call_us(call)
         call_out = lambda: kda_decode.fused_recurrent_kda(**x, initial_state=pool, state_indices=idx, out=out)  # noqa: E731
@@ -183,9 +184,9 @@ def test_cpu_twin_views_torch_tensors_like_the_real_path():
 class _SpyLauncher(launch.Launcher):
     calls: list = []   # the argument tuples of every launch
 
-    def __call__(self, grid, block, args, smem, stream):
+    def __call__(self, config, args, stream):
         _SpyLauncher.calls.append(args)
-        super().__call__(grid, block, args, smem, stream)
+        super().__call__(config, args, stream)
 
 
 def test_stubbed_call_packs_the_kernel_parameters():
@@ -197,15 +198,12 @@ def test_stubbed_call_packs_the_kernel_parameters():
     with stubbed_gpu(twin, _SpyLauncher):
         entries = launch._driver()
 
-        def spy(inner):
-            def call(*args):
-                params = args[9]
-                stream = args[8].value if isinstance(args[8], ctypes.c_void_p) else args[8]
-                handle = args[0].value if isinstance(args[0], ctypes.c_void_p) else args[0]
-                seen.append(((handle or 0,) + args[1:8] + (stream or 0,), [params[i] for i in range(len(params))]))
-                return inner(*args)
-            return call
-        launch._driver = lambda: tuple(spy(e) if i != 1 else e for i, e in enumerate(entries))
+        def spy(config_ref, handle, params, extra):
+            config = config_ref._obj
+            geometry = tuple(getattr(config, f) for f, _ in launch.LaunchConfig._fields_)
+            seen.append(((handle.value or 0,) + geometry, [params[i] for i in range(len(params))]))
+            return entries[0](config_ref, handle, params, extra)
+        launch._driver = lambda: (spy,) + entries[1:]
         out = torch.empty(B, 1, H, D, dtype=torch.bfloat16)
         for _ in range(2):   # the second call reuses the parameter buffer
             o = kda_decode.fused_recurrent_kda(**x, initial_state=pool, state_indices=idx, out=out, scale=0.5)
@@ -214,7 +212,8 @@ def test_stubbed_call_packs_the_kernel_parameters():
         args = _SpyLauncher.calls[-1]
         assert launch.signature(args) == kda_decode.KERNEL_SIGNATURE
         geometry, pointers = seen[-1]
-        assert geometry[0] == 0 and geometry[8] == 0   # the kernel handle, the stream
+        assert geometry[0] == 0 and geometry[8] in (0, None)   # the kernel handle, the stream
+        assert geometry[4:7] == ((kda_decode.WARPS + 1) * 32, 1, 1) and geometry[2:4] == (1, 1)
         layout, offsets = launch.param_layout(args)
         base = pointers[0] - offsets[0]
         assert [p - base for p in pointers] == list(offsets)

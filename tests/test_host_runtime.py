@@ -1,5 +1,5 @@
 """CPU tests of the host fast paths: the memoized validation key, DeviceArray views, the
-parameter buffer and the two cuLaunchKernel entry points, the stream lookup."""
+parameter buffer and launch configurations, the stream lookup."""
 import ctypes
 import types
 
@@ -18,7 +18,7 @@ def _counting():
     calls = []
 
     @checks.memoized
-    def validate(*arrays, **named):
+    def validate(*arrays):
         calls.append(1)
         return len(calls)
     return validate, calls
@@ -59,15 +59,25 @@ def test_memo_key_ignores_only_the_pointer_above_16_bytes():
     assert len(calls) == 2
 
 
-def test_memo_key_tells_apart_none_positions_and_names():
+def test_memo_key_tells_apart_none_positions():
     validate, calls = _counting()
     a = _q()
     validate(a, None)
     validate(None, a)
-    validate(a, None, out=a)
-    validate(a, None, lse=a)
-    validate(a, None, out=None)
-    assert len(calls) == 5
+    validate(a)
+    assert len(calls) == 3
+    validate(a, None)
+    assert len(calls) == 3
+
+
+def test_memo_makes_without_caching_for_an_unhashable_key():
+    made = []
+    memo = checks.Memo(lambda x: made.append(x) or len(made))
+    assert memo.get(("k", 0.5), "a") == 1
+    assert memo.get(("k", 0.5), "a") == 1
+    assert memo.get(("k", [0.25]), "b") == 2   # made, not cached
+    assert memo.get(("k", [0.25]), "b") == 3
+    assert memo.get(("k", 0.5), "a") == 1 and made == ["a", "b", "b"]
 
 
 def test_memo_caches_no_failure():
@@ -100,13 +110,74 @@ def _kda_decode_arrays(**change):
     (dict(state=arr((4, 4, 128, 128), "float64")), "initial_state must have dtype"),
     (dict(g=arr((2, 1, 4, 128), "float16")), "g must have dtype bfloat16"),
 ])
-def test_cached_good_call_never_lets_a_bad_one_through(change, message):
+def test_cached_good_call_never_lets_a_bad_one_through(change, message, monkeypatch):
+    monkeypatch.setattr(kda_decode.runtime, "require_gpu", lambda: None)
+    plan = kda_decode.KdaDecodePlan(rpt=8, stages=3, n_tiles=16, grid=16, smem=1024)
+    monkeypatch.setattr(kda_decode, "_kernel_for", lambda p, dev, rpt, stages: (plan, None, None))
+    settings = (None, -5.0, None, None)
+
+    def prepared(arrays):
+        args = arrays_of(arrays)
+        return kda_decode.PREPARED.get((args.key, settings), args, settings)
     good = _kda_decode_arrays()
-    kda_decode.validate_kda_decode(*good)
-    kda_decode.validate_kda_decode(*_kda_decode_arrays())   # a hit
+    first = prepared(good)
+    assert prepared(_kda_decode_arrays()) is first   # a hit
     with pytest.raises((TypeError, ValueError), match=message):
-        kda_decode.validate_kda_decode(*_kda_decode_arrays(**change))
-    kda_decode.validate_kda_decode(*good)
+        prepared(_kda_decode_arrays(**change))
+    assert prepared(good) is first
+
+
+def arrays_of(objs):
+    return arrays.CallArrays(objs, kda_decode.ARGUMENTS, kda_decode.REQUIRED)
+
+
+# ---- CallArrays: one pass over a call's arguments ----
+def test_call_arrays_of_device_arrays_key_by_meta():
+    objs = _kda_decode_arrays()
+    c = arrays_of(objs)
+    assert c.ptrs == [0 if a is None else a.ptr for a in objs]
+    assert c.key == tuple(None if a is None else a.meta for a in objs)
+    assert c.views() == list(objs)
+
+
+def test_call_arrays_refuse_a_missing_required_argument():
+    objs = (None,) + _kda_decode_arrays()[1:]
+    with pytest.raises(TypeError, match=r"q must be a GPU array \(CuPy, torch, JAX or DLPack\); got NoneType"):
+        arrays_of(objs).views()
+
+
+def test_call_arrays_of_torch_tensors_key_what_validation_sees(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(arrays, "_RAW_STREAM", lambda dev: 500 + dev)
+    t = torch.zeros(3, 4, 8, dtype=torch.bfloat16)
+    w = torch.nn.Parameter(torch.zeros(8))
+    c = arrays.CallArrays((t, w, None), ("a", "w", "o"), 2)
+    assert c.ptrs == [t.data_ptr(), w.data_ptr(), 0]
+    assert c.key == ((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15),
+                     (w.shape, w.stride(), w.dtype, w.device, w.data_ptr() & 15), None)
+    assert c.stream() == 500 - 1 and c.stream(7) == 7 and c.result(t) is t
+    o, ptr = c.new_contiguous_like(0)
+    assert o.shape == t.shape and o.dtype == t.dtype and o.is_contiguous() and ptr == o.data_ptr()
+    same = arrays.CallArrays((torch.zeros(3, 4, 8, dtype=torch.bfloat16), w, None), ("a", "w", "o"), 2)
+    assert same.key == c.key
+    for other in (t[:, :2], t.transpose(0, 1), t.float(), t.view(torch.int16), t[1:]):
+        assert arrays.CallArrays((other, w, None), ("a", "w", "o"), 2).key != c.key
+    odd = t.reshape(-1)[1:25].view(3, 8)   # 2 bytes off a 16-byte boundary
+    assert arrays.CallArrays((odd, w, None), ("a", "w", "o"), 2).key[0][4] == (t.data_ptr() + 2) & 15
+    with pytest.raises(TypeError, match="a must be a CUDA tensor; got a torch tensor on cpu"):
+        c.views()   # host tensors: the key is torch's, validation refuses them
+
+
+def test_call_arrays_view_other_tensor_types_in_full():
+    torch = pytest.importorskip("torch")
+
+    class Sub(torch.Tensor):
+        pass
+    s = torch.zeros(4).as_subclass(Sub)
+    c = arrays.CallArrays((arr((4,), "float32"), None), ("a", "b"), 1)
+    assert c.key == (arr((4,), "float32").meta, None)
+    with pytest.raises(TypeError, match="a must be a CUDA tensor"):
+        arrays.CallArrays((s, None), ("a", "b"), 1)   # a subclass: viewed by as_device_array, which checks the device
 
 
 def test_alignment_checks_stay_within_what_the_key_sees():
@@ -168,27 +239,22 @@ def test_empty_like_framework_torch():
         assert o.dtype == getattr(torch, name) and tuple(o.shape) == (2, 3)
 
 
-# ---- kernel launch: parameter buffer and the two entry points ----
+# ---- kernel launch: parameter buffer and launch configurations ----
 class _Driver:
-    """cuLaunchKernel stand-ins that record which entry point ran and the packed parameters."""
+    """A cuLaunchKernelEx stand-in that records each launch's configuration and parameters."""
 
     def __init__(self, status=0):
         self.calls, self.status = [], status
 
-    def entry(self, kind):
-        def call(handle, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
-            if kind == "raw":   # prototype-less: only C ints and pointers go through
-                for v in (gx, gy, gz, bx, by, bz, smem):
-                    if type(v) is not int or not -2**31 <= v < 2**31:
-                        raise ctypes.ArgumentError("int too long to convert")
-                assert isinstance(stream, ctypes.c_void_p) and isinstance(handle, ctypes.c_void_p)
-                stream = stream.value or 0
-            self.calls.append((kind, (gx, gy, gz), (bx, by, bz), smem, stream, [params[i] for i in range(len(params))]))
-            return self.status
-        return call
+    def launch(self, config_ref, handle, params, extra):
+        assert isinstance(handle, ctypes.c_void_p) and extra is None
+        c = config_ref._obj
+        self.calls.append(((c.grid_x, c.grid_y, c.grid_z), (c.block_x, c.block_y, c.block_z), c.smem,
+                           c.stream or 0, (c.attrs, c.num_attrs), [params[i] for i in range(len(params))]))
+        return self.status
 
     def driver(self):
-        return self.entry("typed"), lambda code, out: 1, self.entry("raw")
+        return self.launch, lambda code, out: 1
 
 
 @pytest.fixture
@@ -205,31 +271,41 @@ def _unpack(pointers, args):
     return layout.unpack(ctypes.string_at(base, layout.size))
 
 
-def test_launch_takes_the_raw_entry_point_and_packs_every_argument(driver):
+def test_launch_packs_every_argument_and_its_geometry(driver):
     k = launch.Kernel(types.SimpleNamespace(ptr=0xabc), "k", 0)
     args = (1 << 40, np.int32(-3), bytes(range(128)), np.float32(0.25), 1.5, np.int64(-7), 5)
     k.launch((3, 2, 1), (128, 1, 1), args, 1024, 0x5000)
-    kind, grid, block, smem, stream, pointers = driver.calls[-1]
-    assert (kind, grid, block, smem, stream) == ("raw", (3, 2, 1), (128, 1, 1), 1024, 0x5000)
+    grid, block, smem, stream, attrs, pointers = driver.calls[-1]
+    assert (grid, block, smem, stream, attrs) == ((3, 2, 1), (128, 1, 1), 1024, 0x5000, (None, 0))
     assert _unpack(pointers, args) == (1 << 40, -3, bytes(range(128)), 0.25, 1.5, -7, 5)
     assert (pointers[2] - pointers[0]) % 64 == 0   # the tensor map at 64 bytes
 
 
-def test_launch_falls_back_to_the_typed_entry_point(driver):
+def test_launch_configs_are_made_once_and_take_each_calls_stream(driver):
     k = launch.Kernel(types.SimpleNamespace(ptr=0), "k", 0)
-    k.launch((2**31, 1, 1), (32, 1, 1), (1,), 0, 0)
-    assert driver.calls[-1][0] == "typed" and driver.calls[-1][1] == (2**31, 1, 1)
-    k.launch((np.int64(2), 1, 1), (32, 1, 1), (1,), 0, 0)
-    assert driver.calls[-1][0] == "typed"
-    k.launch((2, 1, 1), (32, 1, 1), (1,), 0, 0)
-    assert driver.calls[-1][0] == "raw"
+    launcher = k.launcher((1,))
+    config = launcher.config((2, 1, 1), (32, 1, 1), 0)
+    assert launcher.config((2, 1, 1), (32, 1, 1), 0) is config
+    assert launcher.config((np.int64(2), 1, 1), (32, 1, 1), 0).grid_x == 2
+    for stream in (7, 0, 9):
+        launcher(config, (1,), stream)
+        assert driver.calls[-1][3] == stream
+
+
+@pytest.mark.parametrize("grid, block", [((2 ** 31, 1, 1), (32, 1, 1)), ((0, 1, 1), (32, 1, 1)),
+                                         ((1, 1), (32, 1, 1)), ((1, 1, 1), (1.5, 1, 1))])
+def test_launch_geometry_out_of_range_is_refused_before_the_driver(driver, grid, block):
+    k = launch.Kernel(types.SimpleNamespace(ptr=0), "k", 0)
+    with pytest.raises((ValueError, TypeError), match="grid and block must be three ints|integer"):
+        k.launch(grid, block, (1,), 0, 0)
+    assert driver.calls == []
 
 
 def test_launch_failure_names_the_kernel(monkeypatch):
     d = _Driver(status=700)
     monkeypatch.setattr(launch, "_driver", d.driver)
     k = launch.Kernel(types.SimpleNamespace(ptr=0), "my_kernel", 0)
-    with pytest.raises(RuntimeError, match=r"cuLaunchKernel\(my_kernel\) failed: 700 \(grid \(1, 1, 1\), "
+    with pytest.raises(RuntimeError, match=r"cuLaunchKernelEx\(my_kernel\) failed: 700 \(grid \(1, 1, 1\), "
                                            r"block \(32, 1, 1\), 0 bytes of shared memory\)"):
         k.launch((1, 1, 1), (32, 1, 1), (1,), 0, 0)
 

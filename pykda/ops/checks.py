@@ -81,31 +81,42 @@ def check_lower_bound(lower_bound) -> float:
     return lb
 
 
+class Memo:
+    """Results of `make` by key. The last call's key and result are kept apart: a repeat of
+    the last call (the decode loop) compares keys without hashing them. A call that raises
+    caches nothing; nor does one whose key cannot be hashed."""
+    __slots__ = ("make", "results", "last")
+
+    def __init__(self, make):
+        self.make = make
+        self.results: dict = {}
+        self.last = (None, None)   # (key, result), replaced as a whole
+
+    def get(self, key, *args):
+        """make(*args), cached under `key`."""
+        last = self.last
+        if key == last[0]:
+            return last[1]
+        try:
+            hit = self.results.get(key)
+        except TypeError:   # an unhashable setting: make, cache nothing
+            return self.make(*args)
+        if hit is None:
+            hit = self.make(*args)
+            if len(self.results) >= 4096:
+                self.results.clear()
+            self.results[key] = hit
+        self.last = (key, hit)
+        return hit
+
+
 def memoized(validate):
     """Cache a validator of DeviceArrays (or None) on what it may look at: shapes, strides,
     dtypes, devices and the pointers' alignment (`DeviceArray.meta`; so checks of alignment
-    may ask for at most 16 bytes). A call that raises caches nothing.
-
-    The last call's key and result are kept apart: a repeat of the last call (the decode loop)
-    compares keys without hashing them."""
-    results: dict = {}
-    last = (None, None)   # (key, result) of the last call, replaced as a whole
+    may ask for at most 16 bytes)."""
+    memo = Memo(validate)
 
     @functools.wraps(validate)
-    def wrapper(*arrays, **named):
-        nonlocal last
-        key = tuple([None if a is None else a.meta for a in arrays])
-        if named:
-            key += tuple([(n, None if a is None else a.meta) for n, a in named.items()])
-        recent = last
-        if key == recent[0]:
-            return recent[1]
-        hit = results.get(key)
-        if hit is None:
-            hit = validate(*arrays, **named)
-            if len(results) >= 4096:
-                results.clear()
-            results[key] = hit
-        last = (key, hit)
-        return hit
+    def wrapper(*arrays):
+        return memo.get(tuple([None if a is None else a.meta for a in arrays]), *arrays)
     return wrapper

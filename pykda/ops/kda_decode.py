@@ -1,6 +1,7 @@
 """KDA decode over a pool of states: `fused_recurrent_kda` (names as in fla).
 
-validate -> plan (rows per CTA) -> spec -> kernel -> layout struct -> launch.
+validate -> plan (rows per CTA) -> spec -> kernel -> layout struct (`prepare_kda_decode`, memoized
+on the arguments' metadata and the settings) -> launch.
 """
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import runtime
-from ..runtime.arrays import as_device_array, launch_stream, new_contiguous_like, to_framework
+from ..runtime.arrays import CallArrays, contiguous_strides
 from .kda import check_kda_inputs
-from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_lower_bound, check_ndim, check_same_device, check_shape, check_stages, memoized, resolve_scale)
+from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_lower_bound, check_ndim, check_same_device, check_shape, check_stages, Memo, resolve_scale)
 
 STATE_CTYPES = {"float32": "float", "bfloat16": "bf16_t"}
 INDEX_CTYPES = {"int32": "int", "int64": "long long"}
@@ -118,7 +119,6 @@ def kda_decode_spec(p: KdaDecodeProblem, rpt: int, stages: int, arch: str) -> ru
         "CU_T": INDEX_CTYPES[p.cu_dtype]}, arch, kernels=("kda_decode",))
 
 
-@memoized
 def validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out) -> KdaDecodeProblem:
     """Check dtypes, ranks, shapes, layouts and alignment of every argument; no GPU needed."""
     B, T, H, K = check_kda_inputs(q, k, v, g, beta, A_log, dt_bias)
@@ -185,23 +185,56 @@ def check_state_indices(indices: np.ndarray, pool_rows: int) -> None:
 
 @functools.lru_cache(maxsize=256)
 def _kernel_for(p: KdaDecodeProblem, device: int, rpt: int | None, stages: int | None
-                ) -> tuple[KdaDecodePlan, runtime.Launcher, tuple]:
+                ) -> tuple[KdaDecodePlan, runtime.Launcher, runtime.LaunchConfig]:
     """The plan, the launcher of the kernel for problem `p` on `device` (compiled on first
-    use) and the kernel's int32 arguments (pool rows, tokens, heads, tiles)."""
+    use) and its launch configuration (the stream is set per launch)."""
     dev = runtime.device_info(device)
     plan = plan_kda_decode(p, dev.sm_count, dev.smem_per_sm, rpt, stages)
     if plan.smem > dev.smem_per_block_optin:
         raise ValueError(f"stages={plan.stages} needs {plan.smem} bytes of shared memory per block; "
                          f"the device allows {dev.smem_per_block_optin}")
     kernel = runtime.get_kernel(kda_decode_spec(p, plan.rpt, plan.stages, dev.arch), device, "kda_decode")
-    return plan, kernel.launcher_for(KERNEL_SIGNATURE), tuple(map(np.int32, (p.pool_rows, p.tokens, p.heads, plan.n_tiles)))
+    launcher = kernel.launcher_for(KERNEL_SIGNATURE)
+    return plan, launcher, launcher.config((plan.grid, 1, 1), ((WARPS + 1) * 32, 1, 1), plan.smem)
 
 
-@functools.lru_cache(maxsize=256)
-def _layout(q: tuple, k: tuple, g: tuple, v: tuple, beta: tuple, o: tuple) -> bytes:
-    """The kernel's `Layout` struct: 18 element strides (3 of each [B, T, H, ...] array, beta's
-    all), passed by value."""
-    return np.asarray(q[:3] + k[:3] + g[:3] + v[:3] + beta + o[:3], dtype=np.int64).tobytes()
+class KdaDecodeCall(NamedTuple):
+    """What a launch needs besides the pointers and the stream."""
+    problem: KdaDecodeProblem
+    plan: KdaDecodePlan
+    launcher: runtime.Launcher
+    config: runtime.LaunchConfig
+    layout: bytes             # the kernel's `Layout` struct: 18 element strides
+    pool_rows: np.int32
+    tokens: np.int32
+    heads: np.int32
+    n_tiles: np.int32
+    lower_bound: float
+    scale: float
+
+
+def prepare_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out,
+                       scale, lower_bound, rows_per_thread, stages) -> KdaDecodeCall:
+    """Validate a call and make everything its launch needs but the pointers and the stream.
+    The output, when `out` is None, is a new contiguous array of v's shape."""
+    p = validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out)
+    scale = resolve_scale(scale, p.dim)
+    lower_bound = check_lower_bound(lower_bound)
+    check_stages(stages)
+    runtime.require_gpu()
+    plan, launcher, config = _kernel_for(p, q.device, rows_per_thread, stages)
+    o_strides = out.strides if out is not None else contiguous_strides(tuple(v.shape))
+    # 3 strides of each [B, T, H, ...] array, beta's all
+    layout = np.asarray(q.strides[:3] + k.strides[:3] + g.strides[:3] + v.strides[:3] + tuple(beta.strides)
+                        + tuple(o_strides[:3]), dtype=np.int64).tobytes()
+    return KdaDecodeCall(p, plan, launcher, config, layout, *map(np.int32, (p.pool_rows, p.tokens, p.heads, plan.n_tiles)),
+                         lower_bound, scale)
+
+
+ARGUMENTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "state_indices", "cu_seqlens", "out")
+REQUIRED = 7   # q .. dt_bias; initial_state is checked by validation, with its own message
+# prepared calls by the arguments' key (CallArrays) and the settings: a repeated call is one key compare
+PREPARED = Memo(lambda arrays, settings: prepare_kda_decode(*arrays.views(), *settings))
 
 
 def fused_recurrent_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scale: float | None = None,
@@ -222,29 +255,18 @@ def fused_recurrent_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float 
     `rows_per_thread` (state rows per lane group: 1, 2, 4, 8) and `stages` (ring depth in
     tiles) override the planner, for sweeps.
     """
-    qa, ka, va, ga = as_device_array(q, "q"), as_device_array(k, "k"), as_device_array(v, "v"), as_device_array(g, "g")
-    ba, al, dt = as_device_array(beta, "beta"), as_device_array(A_log, "A_log"), as_device_array(dt_bias, "dt_bias")
-    st = as_device_array(initial_state, "initial_state") if initial_state is not None else None
-    idx = as_device_array(state_indices, "state_indices") if state_indices is not None else None
-    cu = as_device_array(cu_seqlens, "cu_seqlens") if cu_seqlens is not None else None
-    oa = as_device_array(out, "out") if out is not None else None
-    p = validate_kda_decode(qa, ka, va, ga, ba, al, dt, st, idx, cu, oa)
-    scale = resolve_scale(scale, p.dim)
-    lower_bound = check_lower_bound(lower_bound)
-    check_stages(stages)
+    arrays = CallArrays((q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, cu_seqlens, out),
+                        ARGUMENTS, REQUIRED)
+    settings = (scale, lower_bound, rows_per_thread, stages)
+    call = PREPARED.get((arrays.key, settings), arrays, settings)
     if check_indices and state_indices is not None:
         import cupy
-        check_state_indices(cupy.asnumpy(cupy.from_dlpack(state_indices)), p.pool_rows)
-    runtime.require_gpu()
-    plan, launch, (pool_rows, tokens, heads, n_tiles) = _kernel_for(p, qa.device, rows_per_thread, stages)
-    strm = launch_stream(qa, stream)
+        check_state_indices(cupy.asnumpy(cupy.from_dlpack(state_indices)), call.problem.pool_rows)
+    strm = arrays.stream(stream)
+    q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, o = arrays.ptrs
     if out is None:   # o has v's shape and dtype
-        oa = new_contiguous_like(va)
-        out = oa.obj
-    layout = _layout(qa.strides, ka.strides, ga.strides, va.strides, ba.strides, oa.strides)
-    launch((plan.grid, 1, 1), ((WARPS + 1) * 32, 1, 1),
-                  (qa.ptr, ka.ptr, ga.ptr, va.ptr, ba.ptr, layout, al.ptr, dt.ptr, st.ptr, pool_rows,
-                   idx.ptr if idx is not None else 0, cu.ptr if cu is not None else 0, tokens, heads, n_tiles,
-                   oa.ptr, lower_bound, scale),   # lower_bound, scale: Python floats, passed as float
-                  plan.smem, strm)
-    return to_framework(qa, out)
+        out, o = arrays.new_contiguous_like(2)
+    call.launcher(call.config, (q, k, g, v, beta, call.layout, A_log, dt_bias, state, call.pool_rows, state_indices,
+                                cu_seqlens, call.tokens, call.heads, call.n_tiles, o, call.lower_bound, call.scale),
+                  strm)
+    return arrays.result(out)

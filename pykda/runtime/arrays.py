@@ -13,6 +13,7 @@ _TORCH_DTYPES: dict = {}   # torch.dtype -> name, filled on first torch tensor
 _TORCH_BY_NAME: dict = {}  # name -> torch.dtype, filled by empty_like_framework
 _NAMES = ("bfloat16", "float16", "float32", "float64", "int32", "int64", "uint8", "int8", "bool")
 _TENSOR: type | None = None   # torch.Tensor, bound on the first call after torch is imported
+_PARAMETER: type | None = None   # torch.nn.Parameter, bound with it
 _RAW_STREAM = None            # torch's current-stream getter (a C function), bound on first use
 _EMPTY_LIKE = None            # (torch.empty_like, torch.contiguous_format), bound on first use
 _new = object.__new__
@@ -60,18 +61,19 @@ def _from_cupy(x, name: str, obj) -> DeviceArray:
 
 def _is_torch_tensor(x) -> bool:
     """isinstance(x, torch.Tensor) without importing torch; binds the fast path's type."""
-    global _TENSOR
+    global _TENSOR, _PARAMETER
     torch = sys.modules.get("torch")
     if torch is None:
         return False
     if _TENSOR is None:
         _torch_dtype_name(None)   # fill the dtype table
-        _TENSOR = torch.Tensor
+        _TENSOR, _PARAMETER = torch.Tensor, torch.nn.Parameter
     return isinstance(x, torch.Tensor)
 
 
 def as_device_array(x, name: str) -> DeviceArray:
-    """View `x` (torch, CuPy, JAX, DLPack, CUDA array interface) as a DeviceArray.
+    """View `x` (torch, CuPy, JAX, DLPack, CUDA array interface; a DeviceArray is itself) as a
+    DeviceArray.
 
     Raises TypeError naming `name` for host arrays and objects that are not arrays.
     """
@@ -89,6 +91,8 @@ def as_device_array(x, name: str) -> DeviceArray:
         a.obj = x
         a.meta = (shape, strides, dt, dev, ptr & 15)
         return a
+    if type(x) is DeviceArray:
+        return x
     mod = type(x).__module__
     if mod.startswith("cupy"):
         return _from_cupy(x, name, x)
@@ -106,6 +110,65 @@ def as_device_array(x, name: str) -> DeviceArray:
             raise TypeError(f"{name}: cannot import {type(x).__name__} as a device array: {exc}") from exc
         return _from_cupy(view, name, x)
     raise TypeError(f"{name} must be a GPU array (CuPy, torch, JAX or DLPack); got {type(x).__name__}")
+
+
+class CallArrays:
+    """The array arguments of one call (None for absent ones): each one's pointer and a key of
+    what validation may look at, read in one pass. Plain and Parameter CUDA torch tensors, the
+    hot path, are read without making DeviceArrays: their key entries are (shape, strides,
+    torch dtype, torch device, pointer mod 16). Anything else is viewed with
+    `as_device_array` and keyed by `DeviceArray.meta`. The two kinds of key never compare
+    equal, so a memo may hold both. `views()` gives the DeviceArrays (for validation); there
+    the first `required` arguments may not be None."""
+    __slots__ = ("objs", "names", "required", "ptrs", "key", "_views")
+
+    def __init__(self, objs: tuple, names: tuple, required: int):
+        self.objs, self.names, self.required = objs, names, required
+        if _TENSOR is None:
+            _is_torch_tensor(None)   # binds torch's types once torch is imported
+        tensor, parameter = _TENSOR, _PARAMETER
+        ptrs, key = [], []
+        for x in objs:
+            if x is None:
+                ptrs.append(0)
+                key.append(None)
+            elif type(x) is tensor or type(x) is parameter:
+                p = x.data_ptr()
+                ptrs.append(p)
+                key.append((x.shape, x.stride(), x.dtype, x.device, p & 15))
+            else:
+                self._views = None
+                views = self._views = self.views()
+                self.ptrs = [0 if a is None else a.ptr for a in views]
+                self.key = tuple([None if a is None else a.meta for a in views])
+                return
+        self.ptrs, self.key, self._views = ptrs, tuple(key), None
+
+    def views(self) -> list:
+        """Each argument as a DeviceArray (an optional None stays None); TypeError names a bad one."""
+        if self._views is None:
+            self._views = [None if x is None and i >= self.required else as_device_array(x, n)
+                           for i, (x, n) in enumerate(zip(self.objs, self.names))]
+        return self._views
+
+    def stream(self, stream=None) -> int:
+        """The stream handle to launch on, as `launch_stream` with the first argument."""
+        if stream is not None:
+            return stream_handle(stream)
+        if self._views is None:   # torch tensors, read on the hot path
+            raw = _RAW_STREAM or _torch_raw_stream()
+            return raw(self.objs[0].get_device())
+        return launch_stream(self.views()[0])
+
+    def new_contiguous_like(self, i: int) -> tuple[object, int]:
+        """A new uninitialized contiguous array like argument i (`new_contiguous_like`)."""
+        if self._views is None:
+            return _torch_empty_contiguous(self.objs[i])
+        return new_contiguous_like(self.views()[i])
+
+    def result(self, arr):
+        """`arr`, made by this call, handed back in the framework of the first argument."""
+        return arr if self._views is None else to_framework(self.views()[0], arr)
 
 
 def _cupy_dtype(name: str):
@@ -143,17 +206,22 @@ def contiguous_strides(shape: tuple) -> tuple:
     return tuple(reversed(strides))
 
 
-def new_contiguous_like(ref: DeviceArray) -> DeviceArray:
+def new_contiguous_like(ref: DeviceArray) -> tuple[object, int]:
     """A new uninitialized contiguous array with ref's shape and dtype, on ref's device, in
-    ref's framework, already viewed (for torch only its pointer is read: the rest is known)."""
+    ref's framework, and its pointer."""
     if ref.framework == "torch":
-        global _EMPTY_LIKE
-        if _EMPTY_LIKE is None:
-            import torch
-            _EMPTY_LIKE = (torch.empty_like, torch.contiguous_format)
-        obj = _EMPTY_LIKE[0](ref.obj, memory_format=_EMPTY_LIKE[1])
-        return DeviceArray(obj.data_ptr(), ref.shape, contiguous_strides(ref.shape), ref.dtype, ref.device, "torch", obj)
-    return as_device_array(empty_like_framework(ref, ref.shape, ref.dtype), "out")
+        return _torch_empty_contiguous(ref.obj)
+    obj = empty_like_framework(ref, ref.shape, ref.dtype)
+    return obj, as_device_array(obj, "out").ptr
+
+
+def _torch_empty_contiguous(t) -> tuple[object, int]:
+    global _EMPTY_LIKE
+    if _EMPTY_LIKE is None:
+        import torch
+        _EMPTY_LIKE = (torch.empty_like, torch.contiguous_format)
+    obj = _EMPTY_LIKE[0](t, memory_format=_EMPTY_LIKE[1])
+    return obj, obj.data_ptr()
 
 
 def to_framework(ref: DeviceArray, arr):
@@ -170,17 +238,22 @@ def launch_stream(ref: DeviceArray, stream=None) -> int:
     """The stream handle to launch on: `stream` if given (int handle, CuPy or torch stream),
     else torch's current stream for torch arrays, else CuPy's current stream."""
     if stream is not None:
-        if isinstance(stream, int):
-            return stream
-        for attr in ("cuda_stream", "ptr"):
-            if hasattr(stream, attr):
-                return int(getattr(stream, attr))
-        raise TypeError(f"stream must be an int handle, a CuPy or a torch stream; got {type(stream).__name__}")
+        return stream_handle(stream)
     if ref.framework == "torch":
         raw = _RAW_STREAM or _torch_raw_stream()
         return raw(ref.device)
     import cupy
     return cupy.cuda.get_current_stream(ref.device).ptr
+
+
+def stream_handle(stream) -> int:
+    """The handle of a stream given as an int handle, a CuPy or a torch stream."""
+    if isinstance(stream, int):
+        return stream
+    for attr in ("cuda_stream", "ptr"):
+        if hasattr(stream, attr):
+            return int(getattr(stream, attr))
+    raise TypeError(f"stream must be an int handle, a CuPy or a torch stream; got {type(stream).__name__}")
 
 
 def _torch_raw_stream():

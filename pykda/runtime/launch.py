@@ -1,8 +1,8 @@
 """Loading cubins through CuPy and launching their kernels with the CUDA driver API.
 
 Kernel parameters are packed into one buffer laid out as the CUDA ABI does (each parameter
-at its natural alignment, tensor maps at 64 bytes); cuLaunchKernel gets a pointer to each. Python values map to parameter types by their type: `int` -> 64-bit (pointers),
-np.int32 -> int, np.int64 -> long long, np.float32 and `float` -> float (rounded to nearest),
+at its natural alignment, tensor maps at 64 bytes); cuLaunchKernelEx gets a pointer to each.
+Python values map to parameter types by their type: `int` -> 64-bit (pointers), np.int32 -> int, np.int64 -> long long, np.float32 and `float` -> float (rounded to nearest),
 `bytes` -> a struct passed by value (128 bytes: a tensor map, 64-byte aligned; others 8-byte
 aligned).
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import operator
 import struct
 import threading
 
@@ -24,16 +25,23 @@ _SCALARS = {int: ("Q", 8), np.int64: ("q", 8), np.uint64: ("Q", 8), np.int32: ("
 
 @functools.lru_cache(maxsize=None)
 def _driver():
+    """cuLaunchKernelEx without a prototype (its four arguments are ctypes objects made once,
+    so nothing is converted per call) and cuGetErrorName."""
     lib = ctypes.CDLL("libcuda.so.1")
-    launch = lib.cuLaunchKernel
+    launch = lib.cuLaunchKernelEx
     launch.restype = ctypes.c_int
-    launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
     name = lib.cuGetErrorName
     name.restype = ctypes.c_int
     name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-    raw = ctypes.CDLL("libcuda.so.1").cuLaunchKernel   # its own function object: no argtypes
-    raw.restype = ctypes.c_int
-    return launch, name, raw
+    return launch, name
+
+
+class LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig: grid, block, dynamic shared memory and stream of a launch (no attributes)."""
+    _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
+                ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
+                ("smem", ctypes.c_uint), ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p),
+                ("num_attrs", ctypes.c_uint)]
 
 
 def _error_name(code: int) -> str:
@@ -77,9 +85,10 @@ def param_layout(args: tuple) -> tuple[struct.Struct, tuple[int, ...]]:
 class Launcher:
     """Launches of one kernel with arguments of one signature: the parameter buffer and the
     pointer array into it are made once and reused (the driver copies the parameters during
-    cuLaunchKernel). Arguments of another signature would be packed wrongly: an op keeps one
-    Launcher per call site, whose argument types never change."""
-    __slots__ = ("kernel", "structs", "layout", "buffer", "pointers")
+    the launch), as are the launch configurations of each geometry. Arguments of another
+    signature would be packed wrongly: an op keeps one Launcher per call site, whose argument
+    types never change."""
+    __slots__ = ("kernel", "structs", "layout", "buffer", "pointers", "_configs")
 
     def __init__(self, kernel: "Kernel", sig: tuple):
         self.kernel = kernel
@@ -88,56 +97,68 @@ class Launcher:
         self.buffer = ctypes.create_string_buffer(self.layout.size)
         base = ctypes.addressof(self.buffer)
         self.pointers = (ctypes.c_void_p * len(offsets))(*[base + o for o in offsets])
+        self._configs: dict[tuple, LaunchConfig] = {}
 
-    def __call__(self, grid: tuple, block: tuple, args: tuple, smem: int, stream: int) -> None:
+    def config(self, grid: tuple, block: tuple, smem: int) -> LaunchConfig:
+        """The launch configuration of a geometry (tuples of three ints; bytes of dynamic shared
+        memory), checked and made once. The kernel's shared-memory limit is raised to `smem`."""
+        key = (grid, block, smem)
+        found = self._configs.get(key)
+        if found is None:
+            dims = tuple(map(operator.index, tuple(grid) + tuple(block)))
+            if len(dims) != 6 or not all(0 < d < 2 ** 31 for d in dims) or not 0 <= smem < 2 ** 31:
+                raise ValueError(f"{self.kernel.name}: grid and block must be three ints in 1..2^31-1 and the "
+                                 f"shared memory a byte count; got grid {grid}, block {block}, smem {smem}")
+            self.kernel.reserve_smem(smem)
+            found = LaunchConfig(*dims, smem, None, None, 0)
+            if len(self._configs) >= 256:
+                self._configs.clear()
+            self._configs[key] = found
+        return found
+
+    def __call__(self, config: LaunchConfig, args: tuple, stream: int) -> None:
         """Asynchronous launch on the stream handle `stream` (no host synchronisation)."""
         kernel = self.kernel
-        with kernel._lock:
-            if smem > kernel._smem_limit:
-                from cupy.cuda import driver
-                driver.funcSetAttribute(kernel.handle, _MAX_DYNAMIC_SMEM_ATTR, smem)
-                kernel._smem_limit = smem
+        with kernel._lock:   # the buffer and the config's stream are shared
             self.layout.pack_into(self.buffer, 0, *args)
-            raw = kernel._raw
-            if raw is None:
-                raw = kernel._raw = (_driver()[2], ctypes.c_void_p(kernel.handle))
-            # The prototype-less entry point costs about half the typed one: the ints go as C ints,
-            # the stream as a pointer. Values that are not such (a grid dimension >= 2^31, a stream
-            # that is not an int) take the typed entry point, which converts them as before.
-            try:
-                status = raw[0](raw[1], grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
-                                ctypes.c_void_p(stream), self.pointers, None)
-            except (ctypes.ArgumentError, TypeError):
-                status = self._typed(grid, block, smem, stream)
+            config.stream = stream
+            ref = ctypes.byref(config)
+            status = _driver()[0](ref, kernel._handle, self.pointers, None)
             if status == _ERROR_INVALID_CONTEXT:   # a thread without a current context: take the device's
                 import cupy
                 with cupy.cuda.Device(kernel.device):
-                    status = self._typed(grid, block, smem, stream)
+                    status = _driver()[0](ref, kernel._handle, self.pointers, None)
         if status != 0:
-            raise RuntimeError(f"cuLaunchKernel({kernel.name}) failed: {_error_name(status)} "
-                               f"(grid {grid}, block {block}, {smem} bytes of shared memory)")
-
-    def _typed(self, grid, block, smem, stream) -> int:
-        return _driver()[0](self.kernel.handle, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
-                            stream, self.pointers, None)
+            raise RuntimeError(f"cuLaunchKernelEx({kernel.name}) failed: {_error_name(status)} (grid "
+                               f"{(config.grid_x, config.grid_y, config.grid_z)}, block "
+                               f"{(config.block_x, config.block_y, config.block_z)}, {config.smem} bytes of "
+                               f"shared memory)")
 
 
 class Kernel:
     """One `extern "C"` kernel of a loaded module."""
-    __slots__ = ("name", "function", "handle", "device", "_smem_limit", "_lock", "_launchers", "_raw")
+    __slots__ = ("name", "function", "handle", "device", "_smem_limit", "_lock", "_launchers", "_handle")
 
     def __init__(self, function, name: str, device: int):
         self.function, self.name, self.device = function, name, device
         self.handle = function.ptr
+        self._handle = ctypes.c_void_p(self.handle)   # as the driver call takes it
         self._smem_limit = 48 * 1024
         self._lock = threading.Lock()
         self._launchers: dict[tuple, Launcher] = {}   # by signature, and by the argument types alone
-        self._raw = None   # (cuLaunchKernel without argtypes, the kernel handle as c_void_p)
 
     @property
     def num_regs(self) -> int:
         from cupy.cuda import driver
         return driver.funcGetAttribute(_NUM_REGS_ATTR, self.handle)
+
+    def reserve_smem(self, smem: int) -> None:
+        """Let launches use `smem` bytes of dynamic shared memory (raises the kernel's limit)."""
+        with self._lock:
+            if smem > self._smem_limit:
+                from cupy.cuda import driver
+                driver.funcSetAttribute(self.handle, _MAX_DYNAMIC_SMEM_ATTR, smem)
+                self._smem_limit = smem
 
     def launcher(self, args: tuple) -> Launcher:
         """The Launcher for arguments like `args` (looked up by their types alone; struct
@@ -162,7 +183,8 @@ class Kernel:
 
     def launch(self, grid: tuple, block: tuple, args: tuple, smem: int, stream: int) -> None:
         """Asynchronous launch on the stream handle `stream` (no host synchronisation)."""
-        self.launcher(args)(grid, block, args, smem, stream)
+        launcher = self.launcher(args)
+        launcher(launcher.config(grid, block, smem), args, stream)
 
 
 class LoadedModule:
