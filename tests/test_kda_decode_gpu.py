@@ -183,3 +183,28 @@ def test_packed_sequences_with_empty_and_padded_ones():
     assert reference.relative_error(f64(out), o_ref) < 2e-2
     assert all(reference.relative_error(f64(pool[r]), s) < 2e-2 for r, s in new.items())
     assert all(torch.equal(pool[r], before[r]) for r in range(8) if r not in new)
+
+
+def test_torch_parameters_cupy_arrays_and_a_stream_give_the_same_step():
+    """The torch hot path (plain tensors and nn.Parameters), the general path (CuPy) and an
+    explicit stream agree bit for bit; a host tensor among device ones is named."""
+    cupy = pytest.importorskip("cupy")
+    H, K, B = 4, 64, 5
+    x, pool = make(B, 1, H, K, B + 2, "float32", seed=21)
+    idx = torch.tensor([6, 0, -1, 3, 2], device="cuda", dtype=torch.int32)
+    pools = [pool.clone() for _ in range(3)]
+    outs = [pykda.fused_recurrent_kda(**x, initial_state=pools[0], state_indices=idx)]
+    params = {n: torch.nn.Parameter(x[n].clone(), requires_grad=False) for n in ("A_log", "dt_bias")}
+    s = torch.cuda.Stream()
+    outs.append(pykda.fused_recurrent_kda(**{**x, **params}, initial_state=pools[1], state_indices=idx, stream=s))
+    s.synchronize()
+    cx = {n: cupy.from_dlpack(t.detach()) for n, t in x.items()}
+    o = pykda.fused_recurrent_kda(**cx, initial_state=cupy.from_dlpack(pools[2]), state_indices=cupy.from_dlpack(idx))
+    outs.append(torch.from_dlpack(o))
+    torch.cuda.synchronize()
+    for got, st in zip(outs[1:], pools[1:]):
+        assert torch.equal(got, outs[0]) and torch.equal(st, pools[0])
+    o_ref, new = reference_step(x, pool, idx.tolist())
+    assert reference.relative_error(f64(outs[0]), o_ref) < 1e-2
+    with pytest.raises(TypeError, match="dt_bias must be a CUDA tensor; got a torch tensor on cpu"):
+        pykda.fused_recurrent_kda(**{**x, "dt_bias": x["dt_bias"].cpu()}, initial_state=pool, state_indices=idx)

@@ -263,10 +263,9 @@ def fused_recurrent_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float 
         import cupy
         check_state_indices(cupy.asnumpy(cupy.from_dlpack(state_indices)), call.problem.pool_rows)
     strm = arrays.stream(stream)
-    q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, o = arrays.ptrs
+    q_p, k_p, v_p, g_p, beta_p, a_p, dt_p, state_p, idx_p, cu_p, o_p = arrays.ptrs   # 0 for None
     if out is None:   # o has v's shape and dtype
-        out, o = arrays.new_contiguous_like(2)
-    call.launcher(call.config, (q, k, g, v, beta, call.layout, A_log, dt_bias, state, call.pool_rows, state_indices,
-                                cu_seqlens, call.tokens, call.heads, call.n_tiles, o, call.lower_bound, call.scale),
-                  strm)
+        out, o_p = arrays.new_contiguous_like(2)
+    call.launcher(call.config, (q_p, k_p, g_p, v_p, beta_p, call.layout, a_p, dt_p, state_p, call.pool_rows, idx_p,
+                                cu_p, call.tokens, call.heads, call.n_tiles, o_p, call.lower_bound, call.scale), strm)
     return arrays.result(out)
