@@ -3,8 +3,8 @@
 The GPU is stubbed where it must be and nowhere else:
 - `as_device_array` rejects CPU tensors, so the timed copy is the module's own source with
   `.is_cuda` read as `.is_cpu` (a getter of the same cost) and run on CPU torch tensors;
-- `cuLaunchKernel` is libc's `abs` behind the same ctypes prototype (the argument conversion is
-  the real one; the kernel handle is 0, so it returns 0 = success);
+- `cuLaunchKernelEx` is libc's `strnlen`, called as the runtime calls the driver (no prototype,
+  the same ctypes objects); with the kernel handle 0 as its length it returns 0 = success;
 - the compiled kernel, the device check and torch's current-stream lookup are stand-ins.
 
 `python tests/test_host_overhead.py` prints µs per piece; the tests check that the stubbed call
@@ -190,7 +190,8 @@ class _SpyLauncher(launch.Launcher):
 
 
 def test_stubbed_call_packs_the_kernel_parameters():
-    """The parameter buffer handed to cuLaunchKernel holds every argument at its offset."""
+    """The parameter buffer handed to cuLaunchKernelEx holds every argument at its offset, and
+    its config the kernel's geometry."""
     twin = cpu_twin_of_arrays()
     x, pool, idx = cpu_inputs()
     seen = []
