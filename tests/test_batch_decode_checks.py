@@ -118,15 +118,27 @@ def test_plan_counts_every_sequence_as_units():
 
 # ---- the launch sequence, offline ----
 class _FakeKernel:
+    """Records the launches of its launcher: (name, grid, block, smem, args)."""
+
     def __init__(self, name, log):
         self.name, self.log = name, log
 
-    def launch(self, grid, block, args, smem, stream):
-        self.log.append((self.name, grid, block, smem, args))
+    def launcher_for(self, sig):
+        kernel = self
+
+        class Launcher:
+            def config(self, grid, block, smem):
+                return grid, block, smem
+
+            def __call__(self, config, args, stream):
+                assert runtime.signature(args) == sig
+                kernel.log.append((kernel.name, *config, args))
+        return Launcher()
 
 
 @pytest.fixture
 def offline(monkeypatch):
+    from pykda.runtime import arrays, tensormap
     from pykda.runtime.device import DeviceInfo
     log = dict(launches=[], maps=[], zeroed=[])
     info = DeviceInfo(0, "fake H200", (9, 0), 132, 232448, 233472, 60 << 20)
@@ -144,14 +156,17 @@ def offline(monkeypatch):
     monkeypatch.setattr(runtime, "device_info", lambda i: info)
     monkeypatch.setattr(runtime, "workspace", workspace)
     monkeypatch.setattr(runtime, "get_kernel", lambda spec, dev, name: _FakeKernel(name, log["launches"]))
-    monkeypatch.setattr(runtime, "encode_tiled", encode_tiled)
-    monkeypatch.setattr(decode, "as_device_array", lambda x, name: x)
-    monkeypatch.setattr(decode, "launch_stream", lambda ref, stream=None: 0)
-    monkeypatch.setattr(decode, "to_framework", lambda ref, x: x)
-    monkeypatch.setattr(decode, "empty_like_framework", lambda ref, shape, dtype: arr(shape, dtype, ptr=BASE * 2))
-    decode._kernels_for.cache_clear()
+    monkeypatch.setattr(tensormap, "encode_tiled", encode_tiled)   # what TiledMaps calls
+    monkeypatch.setattr(arrays, "launch_stream", lambda ref, stream=None: 0)
+    monkeypatch.setattr(arrays, "to_framework", lambda ref, x: x)
+    monkeypatch.setattr(arrays, "empty_like_framework", lambda ref, shape, dtype: arr(shape, dtype, ptr=BASE * 2))
+    decode._kernel_for.cache_clear()
+    decode.PREPARED.results.clear()
+    decode.PREPARED.last = (None, None)
     yield log
-    decode._kernels_for.cache_clear()
+    decode._kernel_for.cache_clear()
+    decode.PREPARED.results.clear()
+    decode.PREPARED.last = (None, None)
 
 
 _KINDS = {int: "pointer", bytes: "TensorMap", np.int64: "long long", np.int32: "int", np.float32: "float"}

@@ -1,7 +1,6 @@
 """Argument checks shared by the ops: each raises TypeError/ValueError naming the argument."""
 from __future__ import annotations
 
-import functools
 import math
 
 from ..runtime.arrays import DeviceArray, contiguous_strides
@@ -40,9 +39,9 @@ def check_inner_contiguous(a: DeviceArray, name: str) -> None:
 
 def check_aligned(a: DeviceArray, name: str, nbytes: int = 16) -> None:
     """Base address and every outer stride aligned to `nbytes` (vectorized access, TMA).
-    `nbytes` divides 16: memoized validation sees the base address modulo 16 only."""
+    `nbytes` divides 16: the memo of validated calls keys the base address modulo 16 only."""
     if 16 % nbytes:
-        raise AssertionError(f"check_aligned: nbytes must divide 16 (memoized validation sees the address "
+        raise AssertionError(f"check_aligned: nbytes must divide 16 (the memo of validated calls keys the address "
                              f"modulo 16); got {nbytes}")
     item = ITEMSIZE[a.dtype]
     if a.ptr % nbytes:
@@ -108,15 +107,3 @@ class Memo:
             self.results[key] = hit
         self.last = (key, hit)
         return hit
-
-
-def memoized(validate):
-    """Cache a validator of DeviceArrays (or None) on what it may look at: shapes, strides,
-    dtypes, devices and the pointers' alignment (`DeviceArray.meta`; so checks of alignment
-    may ask for at most 16 bytes)."""
-    memo = Memo(validate)
-
-    @functools.wraps(validate)
-    def wrapper(*arrays):
-        return memo.get(tuple([None if a is None else a.meta for a in arrays]), *arrays)
-    return wrapper

@@ -2,7 +2,8 @@
 `batch_decode_with_padded_kv_cache` over sequences padded to one length. One code path
 (`flash_decode`): a single sequence is a batch of one.
 
-validate -> plan (chunk size, pipeline, grid) -> spec -> kernel -> tensor maps + workspace -> launch.
+validate -> plan (chunk size, pipeline, grid) -> spec -> kernel (`prepare_decode`, memoized on the
+arguments' metadata and the settings) -> tensor maps + workspace -> launch.
 """
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import runtime
-from ..runtime.arrays import DeviceArray, as_device_array, empty_like_framework, launch_stream, to_framework
+from ..runtime.arrays import CallArrays, DeviceArray, contiguous_strides
 from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim,
-                     check_same_device, check_shape, check_stages, memoized, resolve_scale)
+                     check_same_device, check_shape, check_stages, Memo, resolve_scale)
 
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("bfloat16", "float16")
@@ -193,33 +194,38 @@ def _check_decode(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceArr
     return p
 
 
-# one memoized validator per (batched, kv_layout)
-_VALIDATORS = {(batched, layout): memoized(functools.partial(_check_decode, batched=batched, kv_layout=layout))
-               for batched in (False, True) for layout in KV_LAYOUTS}
-
-
 def validate_decode(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceArray | None,
                     kv_lens: DeviceArray | None = None, *, batched: bool = False, kv_layout: str = "NHD") -> DecodeProblem:
     """Check the layout name, dtypes, ranks, shapes, head ratio, head dim, strides and alignment; no GPU needed."""
     if kv_layout not in KV_LAYOUTS:
         raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}; got {kv_layout!r}")
-    return _VALIDATORS[batched, kv_layout](q, k, v, out, kv_lens)
+    return _check_decode(q, k, v, out, kv_lens, batched=batched, kv_layout=kv_layout)
+
+
+# the kernel's parameters, in order, as `runtime.signature` gives them: q and its (batch, head)
+# strides, the K and V tensor maps, kv_lens, kv_len, group, heads per CTA, head blocks, scale, the
+# split workspace (partial o, partial lse, tickets), out and its strides, lse
+KERNEL_SIGNATURE = (int, np.int64, np.int64, 128, 128, int, np.int32, np.int32, np.int32, np.int32, np.float32,
+                    int, int, int, int, np.int64, np.int64, int)
 
 
 @functools.lru_cache(maxsize=1024)
-def _kernels_for(p: DecodeProblem, device: int, chunk_size: int | None, stages: int | None):
-    """The plan and the compiled decode kernel for `p` on `device`."""
+def _kernel_for(p: DecodeProblem, device: int, chunk_size: int | None, stages: int | None):
+    """The plan, the launcher of the decode kernel for `p` on `device` (compiled on first use)
+    and its launch configuration (the stream is set per launch)."""
     dev = runtime.device_info(device)
     plan = plan_decode(p, dev.sm_count, dev.smem_per_sm, chunk_size, stages)
     if plan.smem > dev.smem_per_block_optin:
         raise ValueError(f"stages={plan.stages} needs {plan.smem} bytes of shared memory per block; "
                          f"the device allows {dev.smem_per_block_optin}")
-    spec = decode_spec(p, plan, dev.arch)
-    return plan, runtime.get_kernel(spec, device, "decode_partial")
+    launcher = runtime.get_kernel(decode_spec(p, plan, dev.arch), device, "decode_partial").launcher_for(KERNEL_SIGNATURE)
+    grid = (plan.n_chunks, p.kv_heads, p.batch * plan.head_blocks)
+    return plan, launcher, launcher.config(grid, ((WARPS + 1) * 32, 1, 1), plan.smem)
 
 
-def kv_tensor_map(a: DeviceArray, name: str, batched: bool, kv_layout: str, block_n: int) -> bytes:
-    """4-D map (head_dim, kv_heads, kv_len, batch) with 64-column, block_n-row, 128-byte-swizzled boxes.
+def kv_tensor_maps(a: DeviceArray, name: str, batched: bool, kv_layout: str, block_n: int) -> runtime.TiledMaps:
+    """4-D maps (head_dim, kv_heads, kv_len, batch) with 64-column, block_n-row, 128-byte-swizzled
+    boxes, for arrays laid out as `a`.
 
     The strides come from the array in whatever order its layout has them; a dimension of size 1
     is never stepped along, so it gets a stride TMA accepts."""
@@ -228,12 +234,58 @@ def kv_tensor_map(a: DeviceArray, name: str, batched: bool, kv_layout: str, bloc
     strides = tuple((st if n > 1 else d) * item for st, n in ((sh, h), (ss, s), (sb, b)))
     # No L2 promotion: a 256-byte fetch per 128-byte box row cost 7 % of the stream (ncu: 89 % of
     # DRAM peak with it, L2 hit rate 26 %; 96 % without, as cuDNN's kernel reads).
-    return runtime.encode_tiled(name, a.dtype, a.ptr, (d, h, s, b), strides, (64, 1, block_n, 1), swizzle=128)
+    return runtime.TiledMaps(name, a.dtype, (d, h, s, b), strides, (64, 1, block_n, 1), swizzle=128)
 
 
-def _row_strides(a: DeviceArray, batched: bool) -> tuple[np.int64, np.int64]:
+def _row_strides(strides: tuple, batched: bool) -> tuple[np.int64, np.int64]:
     """Batch and head strides (elements) of q or out; a single sequence has no batch stride."""
-    return np.int64(a.strides[0] if batched else 0), np.int64(a.strides[-2])
+    return np.int64(strides[0] if batched else 0), np.int64(strides[-2])
+
+
+class DecodeCall(NamedTuple):
+    """What a launch needs besides the pointers, the outputs, the workspace and the stream."""
+    problem: DecodeProblem
+    plan: DecodePlan
+    device: int
+    launcher: runtime.Launcher
+    config: runtime.LaunchConfig
+    k_maps: runtime.TiledMaps
+    v_maps: runtime.TiledMaps
+    rows: tuple                 # query rows of out and lse: (batch, heads) or (heads,)
+    q_strides: tuple            # batch and head strides of q
+    out_strides: tuple          # ... and of out (given or new)
+    params: tuple               # kv_len, group, heads per CTA, head blocks, scale
+    workspace_bytes: int        # split partials, 0 without a split: o (fp32) ...
+    lse_offset: int             # ... then lse, from this byte
+    ticket_bytes: int           # zeroed ticket counters, one per head group
+
+
+def prepare_decode(q, k, v, out, kv_lens, batched, kv_layout, scale, chunk_size, stages) -> DecodeCall:
+    """Validate a call and make everything its launch needs but the pointers, the outputs, the
+    workspace and the stream. The output, when `out` is None, is new and contiguous."""
+    p = validate_decode(q, k, v, out, kv_lens, batched=batched, kv_layout=kv_layout)
+    scale = resolve_scale(scale, p.head_dim)
+    check_stages(stages)
+    runtime.require_gpu()
+    plan, launcher, config = _kernel_for(p, q.device, chunk_size, stages)
+    k_maps = kv_tensor_maps(k, "k", batched, kv_layout, plan.block_n)
+    v_maps = kv_tensor_maps(v, "v", batched, kv_layout, plan.block_n)
+    k_maps(k.ptr), v_maps(v.ptr)   # the geometry checked (TensorMapError names k or v) before any launch
+    rows = (p.batch, p.q_heads) if batched else (p.q_heads,)
+    out_strides = out.strides if out is not None else contiguous_strides(rows + (p.head_dim,))
+    n_part = p.batch * p.q_heads * plan.n_chunks if plan.split else 0
+    i32 = np.int32
+    return DecodeCall(p, plan, q.device, launcher, config, k_maps, v_maps, rows, _row_strides(q.strides, batched),
+                      _row_strides(out_strides, batched),
+                      (i32(p.kv_len), i32(p.group), i32(plan.heads_per_cta), i32(plan.head_blocks), np.float32(scale)),
+                      n_part * (p.head_dim + 1) * 4, n_part * p.head_dim * 4,
+                      p.batch * p.kv_heads * plan.head_blocks * 4 if plan.split else 0)
+
+
+ARGUMENTS = ("q", "k", "v", "out", "kv_lens")
+REQUIRED = 3   # q, k, v
+# prepared calls by the arguments' key (CallArrays) and the settings: a repeated call is one key compare
+PREPARED = Memo(lambda arrays, settings: prepare_decode(*arrays.views(), *settings))
 
 
 def single_decode_with_kv_cache(q, k, v, *, kv_layout: str = "NHD", scale: float | None = None, out=None,
@@ -276,38 +328,20 @@ def flash_decode(q, k, v, *, batched: bool, kv_layout: str = "NHD", kv_lens=None
                  stages: int | None = None):
     """The one code path of both ops, one launch: split sequences are merged by the last CTA of
     each head group to finish (a ticket from a zeroed counter per head group)."""
-    qa, ka, va = as_device_array(q, "q"), as_device_array(k, "k"), as_device_array(v, "v")
-    oa = as_device_array(out, "out") if out is not None else None
-    la = as_device_array(kv_lens, "kv_lens") if kv_lens is not None else None
-    p = validate_decode(qa, ka, va, oa, la, batched=batched, kv_layout=kv_layout)
-    scale = resolve_scale(scale, p.head_dim)
-    check_stages(stages)
-    runtime.require_gpu()
-    plan, partial = _kernels_for(p, qa.device, chunk_size, stages)
-    strm = launch_stream(qa, stream)
-
-    rows = (p.batch, p.q_heads) if batched else (p.q_heads,)   # query rows of out and lse
+    arrays = CallArrays((q, k, v, out, kv_lens), ARGUMENTS, REQUIRED)
+    settings = (batched, kv_layout, scale, chunk_size, stages)
+    call = PREPARED.get((arrays.key, settings), arrays, settings)
+    strm = arrays.stream(stream)
+    q_p, k_p, v_p, o_p, lens_p = arrays.ptrs   # 0 for None
     if out is None:
-        out = empty_like_framework(qa, rows + (p.head_dim,), p.dtype)
-        oa = as_device_array(out, "out")
-    lse = empty_like_framework(qa, rows, "float32") if return_lse else None
-    lse_ptr = as_device_array(lse, "lse").ptr if return_lse else 0
-    k_map = kv_tensor_map(ka, "k", batched, kv_layout, plan.block_n)
-    v_map = kv_tensor_map(va, "v", batched, kv_layout, plan.block_n)
-    lens_ptr = la.ptr if la is not None else 0
-    i32 = np.int32
-    ws_o = ws_lse = counters = 0
-    if plan.split:
-        n_part = p.batch * p.q_heads * plan.n_chunks
-        ws_o = runtime.workspace(qa.device, strm, n_part * (p.head_dim + 1) * 4)
-        ws_lse = ws_o + n_part * p.head_dim * 4
-        counters = runtime.workspace(qa.device, strm, p.batch * p.kv_heads * plan.head_blocks * 4, zeroed=True)
-    out_strides = _row_strides(oa, batched)
-    partial.launch(
-        (plan.n_chunks, p.kv_heads, p.batch * plan.head_blocks), ((WARPS + 1) * 32, 1, 1),
-        (qa.ptr, *_row_strides(qa, batched), k_map, v_map, lens_ptr, i32(p.kv_len), i32(p.group),
-         i32(plan.heads_per_cta), i32(plan.head_blocks), np.float32(scale), ws_o, ws_lse, counters,
-         oa.ptr, *out_strides, lse_ptr),
-        plan.smem, strm)
-    out = to_framework(qa, out)
-    return (out, to_framework(qa, lse)) if return_lse else out
+        out, o_p = arrays.new_empty(0, call.rows + (call.problem.head_dim,), call.problem.dtype)
+    lse, lse_p = arrays.new_empty(0, call.rows, "float32") if return_lse else (None, 0)
+    ws_o = ws_lse = tickets = 0
+    if call.workspace_bytes:
+        ws_o = runtime.workspace(call.device, strm, call.workspace_bytes)
+        ws_lse = ws_o + call.lse_offset
+        tickets = runtime.workspace(call.device, strm, call.ticket_bytes, zeroed=True)
+    call.launcher(call.config, (q_p, *call.q_strides, call.k_maps(k_p), call.v_maps(v_p), lens_p, *call.params,
+                                ws_o, ws_lse, tickets, o_p, *call.out_strides, lse_p), strm)
+    out = arrays.result(out)
+    return (out, arrays.result(lse)) if return_lse else out

@@ -10,7 +10,7 @@ import functools
 import sys
 
 _TORCH_DTYPES: dict = {}   # torch.dtype -> name, filled on first torch tensor
-_TORCH_BY_NAME: dict = {}  # name -> torch.dtype, filled by empty_like_framework
+_TORCH_BY_NAME: dict = {}  # name -> torch.dtype, filled by _torch_new_empty
 _NAMES = ("bfloat16", "float16", "float32", "float64", "int32", "int64", "uint8", "int8", "bool")
 _TENSOR: type | None = None   # torch.Tensor, bound on the first call after torch is imported
 _PARAMETER: type | None = None   # torch.nn.Parameter, bound with it
@@ -23,7 +23,7 @@ class DeviceArray:
     """Pointer, shape, element strides, dtype name and device of an array (`obj` keeps it alive).
 
     Never modified after it is made: `meta` holds what validation may depend on (shape,
-    strides, dtype, device and the pointer modulo 16), the key of `ops.checks.memoized`.
+    strides, dtype, device and the pointer modulo 16), its part of a `CallArrays` key.
     """
     __slots__ = ("ptr", "shape", "strides", "dtype", "device", "framework", "obj", "meta")
 
@@ -166,6 +166,15 @@ class CallArrays:
             return _torch_empty_contiguous(self.objs[i])
         return new_contiguous_like(self.views()[i])
 
+    def new_empty(self, i: int, shape: tuple, dtype: str) -> tuple[object, int]:
+        """A new uninitialized array of `shape` and `dtype` on argument i's device, in its
+        framework (`empty_like_framework`), and its pointer."""
+        if self._views is None:
+            obj = _torch_new_empty(self.objs[i], shape, dtype)
+            return obj, obj.data_ptr()
+        obj = empty_like_framework(self.views()[i], shape, dtype)
+        return obj, as_device_array(obj, "out").ptr
+
     def result(self, arr):
         """`arr`, made by this call, handed back in the framework of the first argument."""
         return arr if self._views is None else to_framework(self.views()[0], arr)
@@ -186,11 +195,7 @@ def empty_like_framework(ref: DeviceArray, shape: tuple, dtype: str):
     """A new uninitialized array of `shape`/`dtype` on ref's device, in ref's framework
     (CuPy for DLPack producers; `to_framework` hands it back in theirs)."""
     if ref.framework == "torch":
-        dt = _TORCH_BY_NAME.get(dtype)
-        if dt is None:
-            import torch
-            dt = _TORCH_BY_NAME[dtype] = getattr(torch, dtype)
-        return ref.obj.new_empty(shape, dtype=dt)
+        return _torch_new_empty(ref.obj, shape, dtype)
     import cupy
     with cupy.cuda.Device(ref.device):
         return cupy.empty(shape, dtype=_cupy_dtype(dtype))
@@ -213,6 +218,14 @@ def new_contiguous_like(ref: DeviceArray) -> tuple[object, int]:
         return _torch_empty_contiguous(ref.obj)
     obj = empty_like_framework(ref, ref.shape, ref.dtype)
     return obj, as_device_array(obj, "out").ptr
+
+
+def _torch_new_empty(t, shape: tuple, dtype: str):
+    dt = _TORCH_BY_NAME.get(dtype)
+    if dt is None:
+        import torch
+        dt = _TORCH_BY_NAME[dtype] = getattr(torch, dtype)
+    return t.new_empty(shape, dtype=dt)
 
 
 def _torch_empty_contiguous(t) -> tuple[object, int]:

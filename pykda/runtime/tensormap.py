@@ -103,3 +103,24 @@ def encode_tiled(name: str, dtype: str, ptr: int, dims: tuple, strides: tuple, b
             _encoded.clear()
         tmap = _encoded[key] = _encode(*key)
     return tmap
+
+
+class TiledMaps:
+    """Tensor maps of one geometry (dims, strides, box, swizzle) at any base address: each
+    address's map is checked and encoded once (`encode_tiled`), then found by the address alone."""
+    __slots__ = ("geometry", "_maps")
+
+    def __init__(self, name: str, dtype: str, dims: tuple, strides: tuple, box: tuple, swizzle: int = 0,
+                 l2_promotion: int = 0):
+        self.geometry = (name, dtype, dims, strides, box, swizzle, l2_promotion)
+        self._maps: dict[int, bytes] = {}
+
+    def __call__(self, ptr: int) -> bytes:
+        tmap = self._maps.get(ptr)
+        if tmap is None:
+            name, dtype, dims, strides, box, swizzle, l2_promotion = self.geometry
+            tmap = encode_tiled(name, dtype, ptr, dims, strides, box, swizzle, l2_promotion)
+            if len(self._maps) >= 1024:
+                self._maps.clear()
+            self._maps[ptr] = tmap
+        return tmap
