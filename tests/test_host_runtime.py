@@ -169,6 +169,13 @@ def test_call_arrays_of_torch_tensors_key_what_validation_sees(monkeypatch):
         c.views()   # host tensors: the key is torch's, validation refuses them
 
 
+def test_call_arrays_name_a_tensor_the_hot_path_cannot_read():
+    torch = pytest.importorskip("torch")
+    sparse = torch.zeros(3, 3).to_sparse()   # no strides: read in full, and refused by name
+    with pytest.raises(TypeError, match="w must be a CUDA tensor; got a torch tensor on cpu"):
+        arrays.CallArrays((None, sparse, torch.zeros(3)), ("o", "w", "a"), 0)
+
+
 def test_call_arrays_view_other_tensor_types_in_full():
     torch = pytest.importorskip("torch")
 

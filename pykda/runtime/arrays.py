@@ -112,6 +112,29 @@ def as_device_array(x, name: str) -> DeviceArray:
     raise TypeError(f"{name} must be a GPU array (CuPy, torch, JAX or DLPack); got {type(x).__name__}")
 
 
+def _read_torch(objs: tuple) -> tuple[list, tuple] | None:
+    """Pointers and key entries of `objs` if each is None or a plain or Parameter torch tensor
+    with storage; else None."""
+    if _TENSOR is None:
+        _is_torch_tensor(None)   # binds torch's types once torch is imported
+    tensor, parameter = _TENSOR, _PARAMETER
+    ptrs, key = [], []
+    try:
+        for x in objs:
+            if x is None:
+                ptrs.append(0)
+                key.append(None)
+            elif type(x) is tensor or type(x) is parameter:
+                p = x.data_ptr()
+                ptrs.append(p)
+                key.append((x.shape, x.stride(), x.dtype, x.device, p & 15))
+            else:
+                return None
+    except RuntimeError:   # a tensor without storage (meta, fake): as_device_array names it
+        return None
+    return ptrs, tuple(key)
+
+
 class CallArrays:
     """The array arguments of one call (None for absent ones): each one's pointer and a key of
     what validation may look at, read in one pass. Plain and Parameter CUDA torch tensors, the
@@ -123,26 +146,14 @@ class CallArrays:
     __slots__ = ("objs", "names", "required", "ptrs", "key", "_views")
 
     def __init__(self, objs: tuple, names: tuple, required: int):
-        self.objs, self.names, self.required = objs, names, required
-        if _TENSOR is None:
-            _is_torch_tensor(None)   # binds torch's types once torch is imported
-        tensor, parameter = _TENSOR, _PARAMETER
-        ptrs, key = [], []
-        for x in objs:
-            if x is None:
-                ptrs.append(0)
-                key.append(None)
-            elif type(x) is tensor or type(x) is parameter:
-                p = x.data_ptr()
-                ptrs.append(p)
-                key.append((x.shape, x.stride(), x.dtype, x.device, p & 15))
-            else:
-                self._views = None
-                views = self._views = self.views()
-                self.ptrs = [0 if a is None else a.ptr for a in views]
-                self.key = tuple([None if a is None else a.meta for a in views])
-                return
-        self.ptrs, self.key, self._views = ptrs, tuple(key), None
+        self.objs, self.names, self.required, self._views = objs, names, required, None
+        read = _read_torch(objs)
+        if read is None:
+            views = self.views()
+            self.ptrs = [0 if a is None else a.ptr for a in views]
+            self.key = tuple([None if a is None else a.meta for a in views])
+        else:
+            self.ptrs, self.key = read
 
     def views(self) -> list:
         """Each argument as a DeviceArray (an optional None stays None); TypeError names a bad one."""
