@@ -115,6 +115,7 @@ def test_cached_good_call_never_lets_a_bad_one_through(change, message, monkeypa
     monkeypatch.setattr(kda_decode.runtime, "require_gpu", lambda: None)
     plan = kda_decode.KdaDecodePlan(rpt=8, stages=3, n_tiles=16, grid=16, smem=1024)
     monkeypatch.setattr(kda_decode, "_kernel_for", lambda p, dev, rpt, stages: (plan, None, None))
+    monkeypatch.setattr(kda_decode, "PREPARED", checks.Memo(kda_decode.PREPARED.make))   # its fakes stay here
     settings = (None, -5.0, None, None)
 
     def prepared(arrays):

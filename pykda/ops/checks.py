@@ -91,6 +91,11 @@ class Memo:
         self.results: dict = {}
         self.last = (None, None)   # (key, result), replaced as a whole
 
+    def clear(self) -> None:
+        """Forget every result."""
+        self.results.clear()
+        self.last = (None, None)
+
     def get(self, key, *args):
         """make(*args), cached under `key`."""
         last = self.last

@@ -143,8 +143,11 @@ def kv_view(a: DeviceArray, batched: bool, kv_layout: str) -> tuple[tuple, tuple
     return shape, strides
 
 
-def _check_decode(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceArray | None,
-                  kv_lens: DeviceArray | None, *, batched: bool, kv_layout: str) -> DecodeProblem:
+def validate_decode(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceArray | None,
+                    kv_lens: DeviceArray | None = None, *, batched: bool = False, kv_layout: str = "NHD") -> DecodeProblem:
+    """Check the layout name, dtypes, ranks, shapes, head ratio, head dim, strides and alignment; no GPU needed."""
+    if kv_layout not in KV_LAYOUTS:
+        raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}; got {kv_layout!r}")
     q_layout, kv_layout_text = layouts(batched, kv_layout)
     check_ndim(q, "q", 2 + batched, q_layout)
     check_ndim(k, "k", 3 + batched, kv_layout_text)
@@ -194,14 +197,6 @@ def _check_decode(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceArr
     return p
 
 
-def validate_decode(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceArray | None,
-                    kv_lens: DeviceArray | None = None, *, batched: bool = False, kv_layout: str = "NHD") -> DecodeProblem:
-    """Check the layout name, dtypes, ranks, shapes, head ratio, head dim, strides and alignment; no GPU needed."""
-    if kv_layout not in KV_LAYOUTS:
-        raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}; got {kv_layout!r}")
-    return _check_decode(q, k, v, out, kv_lens, batched=batched, kv_layout=kv_layout)
-
-
 # the kernel's parameters, in order, as `runtime.signature` gives them: q and its (batch, head)
 # strides, the K and V tensor maps, kv_lens, kv_len, group, heads per CTA, head blocks, scale, the
 # split workspace (partial o, partial lse, tickets), out and its strides, lse
@@ -209,7 +204,6 @@ KERNEL_SIGNATURE = (int, np.int64, np.int64, 128, 128, int, np.int32, np.int32, 
                     int, int, int, int, np.int64, np.int64, int)
 
 
-@functools.lru_cache(maxsize=1024)
 def _kernel_for(p: DecodeProblem, device: int, chunk_size: int | None, stages: int | None):
     """The plan, the launcher of the decode kernel for `p` on `device` (compiled on first use)
     and its launch configuration (the stream is set per launch)."""
@@ -270,7 +264,8 @@ def prepare_decode(q, k, v, out, kv_lens, batched, kv_layout, scale, chunk_size,
     plan, launcher, config = _kernel_for(p, q.device, chunk_size, stages)
     k_maps = kv_tensor_maps(k, "k", batched, kv_layout, plan.block_n)
     v_maps = kv_tensor_maps(v, "v", batched, kv_layout, plan.block_n)
-    k_maps(k.ptr), v_maps(v.ptr)   # the geometry checked (TensorMapError names k or v) before any launch
+    k_maps(k.ptr)   # the geometries checked (TensorMapError names k or v) before any launch
+    v_maps(v.ptr)
     rows = (p.batch, p.q_heads) if batched else (p.q_heads,)
     out_strides = out.strides if out is not None else contiguous_strides(rows + (p.head_dim,))
     n_part = p.batch * p.q_heads * plan.n_chunks if plan.split else 0

@@ -183,7 +183,6 @@ def check_state_indices(indices: np.ndarray, pool_rows: int) -> None:
                          f"cannot update one state in place")
 
 
-@functools.lru_cache(maxsize=256)
 def _kernel_for(p: KdaDecodeProblem, device: int, rpt: int | None, stages: int | None
                 ) -> tuple[KdaDecodePlan, runtime.Launcher, runtime.LaunchConfig]:
     """The plan, the launcher of the kernel for problem `p` on `device` (compiled on first

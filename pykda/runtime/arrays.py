@@ -172,10 +172,14 @@ class CallArrays:
         return launch_stream(self.views()[0])
 
     def new_contiguous_like(self, i: int) -> tuple[object, int]:
-        """A new uninitialized contiguous array like argument i (`new_contiguous_like`)."""
+        """A new uninitialized contiguous array with argument i's shape and dtype, on its device,
+        in its framework, and its pointer."""
         if self._views is None:
             return _torch_empty_contiguous(self.objs[i])
-        return new_contiguous_like(self.views()[i])
+        ref = self.views()[i]
+        if ref.framework == "torch":
+            return _torch_empty_contiguous(ref.obj)
+        return self.new_empty(i, ref.shape, ref.dtype)
 
     def new_empty(self, i: int, shape: tuple, dtype: str) -> tuple[object, int]:
         """A new uninitialized array of `shape` and `dtype` on argument i's device, in its
@@ -220,15 +224,6 @@ def contiguous_strides(shape: tuple) -> tuple:
         strides.append(step)
         step *= n
     return tuple(reversed(strides))
-
-
-def new_contiguous_like(ref: DeviceArray) -> tuple[object, int]:
-    """A new uninitialized contiguous array with ref's shape and dtype, on ref's device, in
-    ref's framework, and its pointer."""
-    if ref.framework == "torch":
-        return _torch_empty_contiguous(ref.obj)
-    obj = empty_like_framework(ref, ref.shape, ref.dtype)
-    return obj, as_device_array(obj, "out").ptr
 
 
 def _torch_new_empty(t, shape: tuple, dtype: str):
