@@ -3,7 +3,10 @@
 (`flash_decode`): a single sequence is a batch of one.
 
 validate -> plan (chunk size, pipeline, grid) -> spec -> kernel (`prepare_decode`, memoized on the
-arguments' metadata and the settings) -> tensor maps + workspace -> launch.
+arguments' metadata and the settings) -> tensor maps + workspace -> launch. A split call takes its
+workspace (ticket counters, then the chunks' partial outputs) from the framework of q, one
+allocation per call, the counters zeroed on the stream before the launch; so a call can be
+captured in a CUDA graph on any stream, and graphs sharing a memory pool replay in any order.
 """
 from __future__ import annotations
 
@@ -240,7 +243,6 @@ class DecodeCall(NamedTuple):
     """What a launch needs besides the pointers, the outputs, the workspace and the stream."""
     problem: DecodeProblem
     plan: DecodePlan
-    device: int
     launcher: runtime.Launcher
     config: runtime.LaunchConfig
     k_maps: runtime.TiledMaps
@@ -249,9 +251,10 @@ class DecodeCall(NamedTuple):
     q_strides: tuple            # batch and head strides of q
     out_strides: tuple          # ... and of out (given or new)
     params: tuple               # kv_len, group, heads per CTA, head blocks, scale
-    workspace_bytes: int        # split partials, 0 without a split: o (fp32) ...
-    lse_offset: int             # ... then lse, from this byte
-    ticket_bytes: int           # zeroed ticket counters, one per head group
+    workspace_bytes: int        # 0 without a split; else the ticket counters (zeroed per call), ...
+    ticket_bytes: int           # ... one per head group, then
+    o_offset: int               # the partial outputs (fp32) from this byte, then
+    lse_offset: int             # the partial lse from this byte
 
 
 def prepare_decode(q, k, v, out, kv_lens, batched, kv_layout, scale, chunk_size, stages) -> DecodeCall:
@@ -269,12 +272,14 @@ def prepare_decode(q, k, v, out, kv_lens, batched, kv_layout, scale, chunk_size,
     rows = (p.batch, p.q_heads) if batched else (p.q_heads,)
     out_strides = out.strides if out is not None else contiguous_strides(rows + (p.head_dim,))
     n_part = p.batch * p.q_heads * plan.n_chunks if plan.split else 0
+    tickets = p.batch * p.kv_heads * plan.head_blocks * 4 if plan.split else 0
+    o_offset = -(-tickets // 256) * 256
+    lse_offset = o_offset + n_part * p.head_dim * 4
     i32 = np.int32
-    return DecodeCall(p, plan, q.device, launcher, config, k_maps, v_maps, rows, _row_strides(q.strides, batched),
+    return DecodeCall(p, plan, launcher, config, k_maps, v_maps, rows, _row_strides(q.strides, batched),
                       _row_strides(out_strides, batched),
                       (i32(p.kv_len), i32(p.group), i32(plan.heads_per_cta), i32(plan.head_blocks), np.float32(scale)),
-                      n_part * (p.head_dim + 1) * 4, n_part * p.head_dim * 4,
-                      p.batch * p.kv_heads * plan.head_blocks * 4 if plan.split else 0)
+                      lse_offset + n_part * 4 if plan.split else 0, tickets, o_offset, lse_offset)
 
 
 ARGUMENTS = ("q", "k", "v", "out", "kv_lens")
@@ -332,10 +337,9 @@ def flash_decode(q, k, v, *, batched: bool, kv_layout: str = "NHD", kv_lens=None
         out, o_p = arrays.new_empty(0, call.rows + (call.problem.head_dim,), call.problem.dtype)
     lse, lse_p = arrays.new_empty(0, call.rows, "float32") if return_lse else (None, 0)
     ws_o = ws_lse = tickets = 0
-    if call.workspace_bytes:
-        ws_o = runtime.workspace(call.device, strm, call.workspace_bytes)
-        ws_lse = ws_o + call.lse_offset
-        tickets = runtime.workspace(call.device, strm, call.ticket_bytes, zeroed=True)
+    if call.workspace_bytes:   # `scratch` owns the memory until the launch is enqueued
+        scratch, tickets = runtime.workspace(q, strm, call.workspace_bytes, zeroed=call.ticket_bytes)
+        ws_o, ws_lse = tickets + call.o_offset, tickets + call.lse_offset
     call.launcher(call.config, (q_p, *call.q_strides, call.k_maps(k_p), call.v_maps(v_p), lens_p, *call.params,
                                 ws_o, ws_lse, tickets, o_p, *call.out_strides, lse_p), strm)
     out = arrays.result(out)

@@ -276,7 +276,7 @@ def chunk_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, sc
         fa = as_device_array(final_state, "final_state")
 
     off_bytes = -(-(N + 1) * 4 // 256) * 256 if p.varlen else 0
-    ws = runtime.workspace(qa.device, strm, off_bytes + plan.chunk_slots * H * record_bytes(K, C) + 16)
+    ws_owner, ws = runtime.workspace(q, strm, off_bytes + plan.chunk_slots * H * record_bytes(K, C) + 16)   # held to the last launch
     chunk_off, records = (ws if p.varlen else 0), ws + off_bytes
     cu_ptr, cu_is64 = (cua.ptr, int(cua.dtype == "int64")) if p.varlen else (0, 0)
     i32, i64 = np.int32, np.int64

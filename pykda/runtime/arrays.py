@@ -59,7 +59,7 @@ def _from_cupy(x, name: str, obj) -> DeviceArray:
                        x.device.id, "cupy", obj)
 
 
-def _is_torch_tensor(x) -> bool:
+def is_torch_tensor(x) -> bool:
     """isinstance(x, torch.Tensor) without importing torch; binds the fast path's type."""
     global _TENSOR, _PARAMETER
     torch = sys.modules.get("torch")
@@ -77,7 +77,7 @@ def as_device_array(x, name: str) -> DeviceArray:
 
     Raises TypeError naming `name` for host arrays and objects that are not arrays.
     """
-    if type(x) is _TENSOR or _is_torch_tensor(x):   # a plain tensor costs one type check
+    if type(x) is _TENSOR or is_torch_tensor(x):   # a plain tensor costs one type check
         if not x.is_cuda:
             raise TypeError(f"{name} must be a CUDA tensor; got a torch tensor on {x.device}")
         a = _new(DeviceArray)   # DeviceArray.__init__ inlined (a Python frame fewer)
@@ -116,7 +116,7 @@ def _read_torch(objs: tuple) -> tuple[list, tuple] | None:
     """Pointers and key entries of `objs` if each is None or a plain or Parameter torch tensor
     with storage; else None."""
     if _TENSOR is None:
-        _is_torch_tensor(None)   # binds torch's types once torch is imported
+        is_torch_tensor(None)   # binds torch's types once torch is imported
     tensor, parameter = _TENSOR, _PARAMETER
     ptrs, key = [], []
     try:
@@ -232,6 +232,19 @@ def _torch_new_empty(t, shape: tuple, dtype: str):
         import torch
         dt = _TORCH_BY_NAME[dtype] = getattr(torch, dtype)
     return t.new_empty(shape, dtype=dt)
+
+
+def torch_scratch(t, nbytes: int, stream: int) -> tuple[object, int]:
+    """`nbytes` of uninitialized memory on torch tensor t's device from torch's caching
+    allocator (inside a CUDA-graph capture: the graph's private pool, valid for its replays),
+    as a uint8 tensor, and its pointer, for kernels on the stream handle `stream`. The allocator
+    reuses a freed block in the order of the stream it was allocated on (torch's current one):
+    when `stream` is another, the block is recorded on it too."""
+    buf = _torch_new_empty(t, (nbytes,), "uint8")
+    if stream != (_RAW_STREAM or _torch_raw_stream())(t.get_device()):
+        import torch
+        buf.record_stream(torch.cuda.ExternalStream(stream, device=buf.device))
+    return buf, buf.data_ptr()
 
 
 def _torch_empty_contiguous(t) -> tuple[object, int]:

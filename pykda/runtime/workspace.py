@@ -1,27 +1,76 @@
-"""Scratch memory for kernels: one growing buffer per (device, stream), reused across calls.
+"""Scratch memory for one call's launches, from the allocator of the caller's framework.
 
-Steady state allocates nothing, so calls can be captured in a CUDA graph once a warm-up call
-has grown the buffer. The buffer is handed out whole; a call that needs several regions
-carves them itself.
+- torch tensors: torch's caching allocator. Inside a CUDA-graph capture it hands out memory of
+  the graph's private pool (which stays valid for the graph's replays), so a capture never
+  calls cudaMalloc, whatever the stream.
+- CuPy arrays: CuPy's current allocator (its memory pool unless the caller set another), with
+  the launch stream current, since the pool reuses a freed block in that stream's order.
+- anything else (JAX, other DLPack producers), whose allocator Python cannot reach: a buffer
+  pykda owns, one per (device, stream), grown as needed.
+
+The caller holds the returned owner until its launches are enqueued; afterwards the memory may
+go back to its pool, which reuses it only after the work queued on the stream. Nothing is
+carried from one call to the next: the `zeroed` bytes at the start are cleared on the stream
+before the launches, every call (in a captured graph a memset node, run on every replay).
 """
 from __future__ import annotations
 
-_buffers: dict[tuple[int, int, bool], object] = {}
+from .arrays import as_device_array, is_torch_tensor, torch_scratch
+
+_owned: dict[tuple[int, int], object] = {}   # (device, stream) -> cupy.cuda.Memory, the fallback
+_memset = None   # cupy.cuda.runtime.memsetAsync, bound on first use
 
 
-def workspace(device: int, stream: int, nbytes: int, zeroed: bool = False) -> int:
-    """Device pointer to at least `nbytes` of scratch for kernels on (`device`, `stream`).
+def workspace(ref, stream: int, nbytes: int, zeroed: int = 0) -> tuple[object, int]:
+    """(owner, pointer) of `nbytes` of scratch on the device of array `ref` (an argument of the
+    call, as given or as a DeviceArray), taken from ref's framework, for kernels on the stream
+    handle `stream`; its first `zeroed` bytes are zero-filled on `stream`. Keep `owner` alive
+    until the launches that use the memory are enqueued."""
+    if nbytes < 1 or not 0 <= zeroed <= nbytes:
+        raise ValueError(f"workspace: nbytes must be positive and zeroed within [0, nbytes]; "
+                         f"got nbytes={nbytes}, zeroed={zeroed}")
+    if is_torch_tensor(ref):   # the hot path: an argument as the caller gave it
+        owner, ptr = torch_scratch(ref, nbytes, stream)
+    else:
+        a = as_device_array(ref, "ref")
+        if a.framework == "torch":
+            owner, ptr = torch_scratch(a.obj, nbytes, stream)
+        elif type(a.obj).__module__.startswith("cupy"):
+            owner, ptr = _cupy_scratch(a.device, stream, nbytes)
+        else:
+            owner, ptr = _owned_scratch(a.device, stream, nbytes)
+    if zeroed:
+        (_memset or _bind_memset())(ptr, 0, zeroed, stream)
+    return owner, ptr
 
-    `zeroed=True` gives a second buffer, never shared with the scratch: zero-filled on `stream`
-    when (re)allocated, and every kernel that uses it must leave it zeroed (ticket counters)."""
-    key = (device, stream, zeroed)
-    buf = _buffers.get(key)
-    if buf is None or buf.mem.size < nbytes:
+
+def _cupy_scratch(device: int, stream: int, nbytes: int) -> tuple[object, int]:
+    """A block of CuPy's current allocator, taken with `stream` current."""
+    import cupy
+    with cupy.cuda.Device(device):
+        if cupy.cuda.get_current_stream().ptr == stream:
+            mem = cupy.cuda.alloc(nbytes)
+        else:
+            with cupy.cuda.ExternalStream(stream):
+                mem = cupy.cuda.alloc(nbytes)
+    return mem, mem.ptr
+
+
+def _owned_scratch(device: int, stream: int, nbytes: int) -> tuple[object, int]:
+    """The (device, stream) buffer, reallocated larger (doubling, 1 MiB at least) when too small.
+    Used in stream order only; a replaced buffer is freed by cudaFree, which waits for the
+    device."""
+    key = (device, stream)
+    buf = _owned.get(key)
+    if buf is None or buf.size < nbytes:
         import cupy
         with cupy.cuda.Device(device):
-            # grow geometrically so that slowly rising sizes do not reallocate every call
-            size = max(nbytes, 2 * buf.mem.size if buf is not None else 0, 1 << 20)
-            buf = _buffers[key] = cupy.cuda.alloc(size)
-            if zeroed:
-                cupy.cuda.runtime.memsetAsync(buf.ptr, 0, size, stream)
-    return buf.ptr
+            buf = _owned[key] = cupy.cuda.Memory(max(nbytes, 2 * buf.size if buf is not None else 0, 1 << 20))
+    return buf, buf.ptr
+
+
+def _bind_memset():
+    global _memset
+    import cupy
+    _memset = cupy.cuda.runtime.memsetAsync
+    return _memset

@@ -1,0 +1,221 @@
+"""CPU tests of the workspace: which allocator a call's scratch comes from (torch's caching
+allocator for torch arrays, CuPy's for CuPy arrays, a pykda buffer per (device, stream) for the
+rest), the stream it is taken for, the zeroed counters, and the one workspace of a split flash
+decoding call. torch and CuPy are stand-ins: no GPU needed."""
+import importlib
+import sys
+import types
+from contextlib import contextmanager
+
+import pytest
+
+from pykda import runtime
+from pykda.ops import decode
+from pykda.runtime import arrays, tensormap
+from pykda.runtime.arrays import DeviceArray
+from fakes import BASE, device_array as arr
+
+ws = importlib.import_module("pykda.runtime.workspace")   # the module (runtime.workspace is its function)
+
+
+class FakeTensor:
+    """A torch tensor as torch_scratch sees it."""
+
+    def __init__(self, device=0):
+        self.device, self.made, self.recorded = device, [], []
+
+    def get_device(self):
+        return self.device
+
+    def new_empty(self, shape, dtype):
+        buf = FakeTensor(self.device)
+        buf.shape, buf.dtype = shape, dtype
+        self.made.append(buf)
+        return buf
+
+    def data_ptr(self):
+        return BASE * 5
+
+    def record_stream(self, stream):
+        self.recorded.append(stream)
+
+
+class FakeCupyArray:
+    __module__ = "cupy._core.core"
+
+
+class FakeCupy:
+    """cupy.cuda as the workspace uses it: devices, streams, the pool's alloc, Memory, memsetAsync."""
+
+    def __init__(self):
+        self.device, self.stream, self.log = 0, 1000, []
+        outer = self
+
+        @contextmanager
+        def device(i):
+            before, outer.device = outer.device, i
+            yield
+            outer.device = before
+
+        @contextmanager
+        def external_stream(ptr):
+            before, outer.stream = outer.stream, ptr
+            yield
+            outer.stream = before
+
+        class Memory:
+            def __init__(self, size):
+                self.size, self.ptr = size, BASE * (len(outer.log) + 1)
+                outer.log.append(("Memory", outer.device, size))
+
+        def alloc(n):
+            outer.log.append(("alloc", outer.device, outer.stream, n))
+            return types.SimpleNamespace(ptr=BASE * 6)
+
+        self.cuda = types.SimpleNamespace(
+            Device=device, ExternalStream=external_stream, Memory=Memory, alloc=alloc,
+            get_current_stream=lambda: types.SimpleNamespace(ptr=outer.stream),
+            runtime=types.SimpleNamespace(memsetAsync=lambda *a: outer.log.append(("memset", *a))))
+
+
+@pytest.fixture
+def cupy(monkeypatch):
+    fake = FakeCupy()
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(ws, "_owned", {})
+    monkeypatch.setattr(ws, "_memset", None)   # bound from the stand-in on first use
+    return fake
+
+
+@pytest.fixture
+def torch_scratch(monkeypatch):
+    """Records the torch allocations the workspace asks for; returns (log, owner)."""
+    log = []
+
+    def scratch(t, nbytes, stream):
+        log.append((t, nbytes, stream))
+        return "torch block", BASE * 7
+    monkeypatch.setattr(ws, "torch_scratch", scratch)
+    monkeypatch.setattr(ws, "is_torch_tensor", lambda x: type(x) is FakeTensor)
+    return log
+
+
+def test_torch_arrays_take_torch_allocator_and_no_pykda_buffer(cupy, torch_scratch):
+    t = FakeTensor()
+    assert ws.workspace(t, 5, 4096) == ("torch block", BASE * 7)
+    view = DeviceArray(BASE, (4,), (1,), "bfloat16", 0, "torch", t)   # as the prefill op holds it
+    assert ws.workspace(view, 6, 100) == ("torch block", BASE * 7)
+    assert torch_scratch == [(t, 4096, 5), (t, 100, 6)]
+    assert ws._owned == {} and cupy.log == []
+
+
+def test_cupy_arrays_take_cupy_allocator_with_the_launch_stream_current(cupy, torch_scratch):
+    a = DeviceArray(BASE, (4,), (1,), "float16", 1, "cupy", FakeCupyArray())
+    owner, ptr = ws.workspace(a, 1000, 64)   # CuPy's current stream: taken as it is
+    assert ptr == owner.ptr == BASE * 6
+    ws.workspace(a, 42, 128)                 # another stream: made current for the allocation
+    assert cupy.log == [("alloc", 1, 1000, 64), ("alloc", 1, 42, 128)]
+    assert cupy.stream == 1000 and cupy.device == 0, "the caller's stream and device are restored"
+    assert torch_scratch == [] and ws._owned == {}
+
+
+def test_other_arrays_take_a_pykda_buffer_per_device_and_stream(cupy, torch_scratch):
+    jax_like = DeviceArray(BASE, (4,), (1,), "bfloat16", 0, "cupy", object())   # a DLPack producer's view
+    first, p1 = ws.workspace(jax_like, 9, 1000)
+    again, p2 = ws.workspace(jax_like, 9, 1 << 20)
+    assert again is first and p2 == p1 == first.ptr, "reused on its stream while large enough"
+    other, _ = ws.workspace(jax_like, 10, 1000)
+    assert other is not first, "never shared across streams"
+    grown, _ = ws.workspace(jax_like, 9, (1 << 20) + 1)
+    assert grown is not first and grown.size == 2 << 20, "grows by doubling"
+    assert [e[:2] for e in cupy.log] == [("Memory", 0)] * 3
+    assert torch_scratch == []
+
+
+@pytest.mark.parametrize("ref", ["torch", "cupy", "other"])
+def test_zeroed_bytes_are_cleared_on_the_launch_stream_every_call(cupy, torch_scratch, ref):
+    a = {"torch": FakeTensor(), "cupy": DeviceArray(BASE, (4,), (1,), "float16", 0, "cupy", FakeCupyArray()),
+         "other": DeviceArray(BASE, (4,), (1,), "float16", 0, "cupy", object())}[ref]
+    for _ in range(2):
+        _, ptr = ws.workspace(a, 33, 4096, zeroed=96)
+        assert cupy.log[-1] == ("memset", ptr, 0, 96, 33)
+    n = len(cupy.log)
+    ws.workspace(a, 33, 4096)
+    assert all(e[0] != "memset" for e in cupy.log[n:]), "nothing cleared without zeroed"
+
+
+@pytest.mark.parametrize("nbytes, zeroed", [(0, 0), (-8, 0), (64, 65), (64, -1)])
+def test_bad_sizes_raise(cupy, torch_scratch, nbytes, zeroed):
+    with pytest.raises(ValueError, match=r"workspace: nbytes must be positive and zeroed within \[0, nbytes\]"):
+        ws.workspace(FakeTensor(), 1, nbytes, zeroed=zeroed)
+    assert torch_scratch == [] and cupy.log == []
+
+
+def test_torch_scratch_is_a_byte_tensor_recorded_on_a_launch_stream_not_current(monkeypatch):
+    streams = []
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        ExternalStream=lambda handle, device: streams.append((handle, device)) or ("stream", handle)))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    monkeypatch.setattr(arrays, "_TORCH_BY_NAME", {"uint8": "torch.uint8"})
+    monkeypatch.setattr(arrays, "_RAW_STREAM", lambda device: 500 + device)   # torch's current stream
+    t = FakeTensor(device=2)
+    buf, ptr = arrays.torch_scratch(t, 4096, 502)
+    assert (buf.shape, buf.dtype, ptr) == ((4096,), "torch.uint8", BASE * 5)
+    assert buf.recorded == [] and streams == [], "on torch's current stream: stream-ordered already"
+    buf, _ = arrays.torch_scratch(t, 64, 77)
+    assert streams == [(77, 2)] and buf.recorded == [("stream", 77)]
+
+
+# ---- flash decoding's one workspace, offline ----
+@pytest.fixture
+def offline_decode(monkeypatch):
+    from pykda.runtime.device import DeviceInfo
+    log = dict(launches=[], workspaces=[])
+    info = DeviceInfo(0, "fake H200", (9, 0), 132, 232448, 233472, 60 << 20)
+
+    class Launcher:
+        def config(self, grid, block, smem):
+            return grid
+
+        def __call__(self, config, args, stream):
+            log["launches"].append((args, stream))
+
+    def workspace(ref, stream, nbytes, zeroed=0):
+        log["workspaces"].append((ref, stream, nbytes, zeroed))
+        return "owner", BASE * 4
+    monkeypatch.setattr(runtime, "require_gpu", lambda: None)
+    monkeypatch.setattr(runtime, "device_info", lambda i: info)
+    monkeypatch.setattr(runtime, "workspace", workspace)
+    monkeypatch.setattr(runtime, "get_kernel", lambda spec, dev, name: types.SimpleNamespace(
+        launcher_for=lambda sig: Launcher()))
+    monkeypatch.setattr(tensormap, "encode_tiled", lambda *a, **k: bytes(128))
+    monkeypatch.setattr(arrays, "launch_stream", lambda ref, stream=None: 77)
+    monkeypatch.setattr(arrays, "to_framework", lambda ref, x: x)
+    monkeypatch.setattr(arrays, "empty_like_framework", lambda ref, shape, dtype: arr(shape, dtype, ptr=BASE * 2))
+    decode.PREPARED.clear()   # prepared calls hold the fake launchers: none before, none left after
+    yield log
+    decode.PREPARED.clear()
+
+
+def test_split_decode_takes_one_workspace_from_q_counters_first_and_zeroed(offline_decode):
+    B, S, hq, hkv, d = 3, 1000, 32, 8, 128
+    q, k, v = arr((B, hq, d)), arr((B, S, hkv, d)), arr((B, S, hkv, d))
+    decode.flash_decode(q, k, v, batched=True, chunk_size=128)
+    n_part, tickets = B * hq * (S // 128), B * hkv * 4   # partial rows; one counter per head group
+    ((ref, stream, nbytes, zeroed),) = offline_decode["workspaces"]
+    assert ref is q and stream == 77 and zeroed == tickets
+    ((args, launch_stream),) = offline_decode["launches"]
+    ws_o, ws_lse, counters = args[11:14]
+    assert launch_stream == 77 and counters == BASE * 4
+    assert ws_o == counters + 256, "the partials start 256-byte aligned past the counters"
+    assert ws_lse == ws_o + n_part * d * 4
+    assert nbytes == ws_lse + n_part * 4 - counters
+
+
+def test_decode_without_a_split_takes_no_workspace(offline_decode):
+    B, S, hq, hkv, d = 64, 4096, 32, 8, 128   # 64 x 8 head groups fill the GPU unsplit
+    q, k, v = arr((B, hq, d)), arr((B, S, hkv, d)), arr((B, S, hkv, d))
+    decode.flash_decode(q, k, v, batched=True)
+    assert offline_decode["workspaces"] == []
+    ((args, _),) = offline_decode["launches"]
+    assert args[11:14] == (0, 0, 0)
