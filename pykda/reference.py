@@ -20,7 +20,9 @@ __all__ = [
     "decode_attention",
     "batch_decode_attention",
     "sigmoid",
+    "softplus",
     "kda_gate",
+    "kda_beta",
     "l2_normalize",
     "kda_recurrent",
     "kda_chunked",
@@ -107,17 +109,43 @@ def sigmoid(x):
     return np.exp(-np.logaddexp(0.0, -x))
 
 
-def kda_gate(g, A_log, dt_bias, lower_bound):
-    """KDA log-decay ``a = lower_bound * sigmoid(exp(A_log[h]) * (g + dt_bias[h]))`` (float64).
+def softplus(x):
+    """``log(1 + exp(x))`` in float64, without overflow."""
+    return np.logaddexp(0.0, _f64(x))
 
-    g ``[..., H, K]``, A_log ``[H]``, dt_bias ``[H, K]`` or ``[H*K]``. Result has g's shape,
-    values in ``(lower_bound, 0)``.
+
+def kda_gate(g, A_log, dt_bias, lower_bound, gate="safe"):
+    """KDA log-decay (natural log, float64) of one of the gate modes:
+
+    - ``"safe"``: ``lower_bound * sigmoid(exp(A_log[h]) * (g + dt_bias[h]))``, in ``(lower_bound, 0)``;
+    - ``"softplus"`` (Kimi Linear's): ``-exp(A_log[h]) * softplus(g + dt_bias[h])``, unbounded below;
+    - ``"none"``: ``g`` itself (precomputed by the caller).
+
+    g ``[..., H, K]``; A_log H elements in any shape (None: ``exp(A_log) = 1``); dt_bias ``H*K``
+    elements (None: 0). Result has g's shape.
     """
     g = _f64(g)
+    if gate == "none":
+        return g
     H, K = g.shape[-2:]
-    A_log = _f64(A_log).reshape(H)
-    dt_bias = _f64(dt_bias).reshape(H, K)
-    return float(lower_bound) * sigmoid(np.exp(A_log)[:, None] * (g + dt_bias))
+    a_exp = np.exp(_f64(A_log).reshape(H))[:, None] if A_log is not None else np.ones((H, 1))
+    x = g + (_f64(dt_bias).reshape(H, K) if dt_bias is not None else 0.0)
+    if gate == "softplus":
+        return -a_exp * softplus(x)
+    if gate == "safe":
+        return float(lower_bound) * sigmoid(a_exp * x)
+    raise ValueError(f"gate must be 'safe', 'softplus' or 'none'; got {gate!r}")
+
+
+def kda_beta(beta, form="logit"):
+    """β from what the caller passed: ``"logit"`` sigmoid, ``"logit2"`` 2·sigmoid, ``"prob"`` as is."""
+    if form == "logit":
+        return sigmoid(beta)
+    if form == "logit2":
+        return 2.0 * sigmoid(beta)
+    if form == "prob":
+        return _f64(beta)
+    raise ValueError(f"beta form must be 'logit', 'logit2' or 'prob'; got {form!r}")
 
 
 def l2_normalize(x, eps=1e-6):
@@ -126,7 +154,8 @@ def l2_normalize(x, eps=1e-6):
     return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
 
 
-def _kda_prepare(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state, cu_seqlens):
+def _kda_prepare(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state, cu_seqlens,
+                 gate="safe", beta_form="logit", qk_norm=True):
     """Validate, convert to float64, apply norms/gates; return per-token tensors + sequences.
 
     Returns ``(qn, kn, v, a, b, scale, S0, seqs)`` where qn, kn, a are ``[B, T, H, K]``,
@@ -169,10 +198,10 @@ def _kda_prepare(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_s
             raise ValueError(f"initial_state must be [N, H, V, K] = {(N, H, V, K)}, got {S0.shape}")
         S0 = S0.copy()
 
-    qn = l2_normalize(q)
-    kn = l2_normalize(k)
-    a = kda_gate(g, A_log, dt_bias, lower_bound)
-    b = sigmoid(beta)
+    qn = l2_normalize(q) if qk_norm else q
+    kn = l2_normalize(k) if qk_norm else k
+    a = kda_gate(g, A_log, dt_bias, lower_bound, gate)
+    b = kda_beta(beta, beta_form)
     return qn, kn, v, a, b, float(scale), S0, seqs
 
 
@@ -194,21 +223,22 @@ def _run_sequences(step_fn, qn, kn, v, a, b, S0, seqs):
 
 
 def kda_recurrent(
-    q, k, v, g, beta, *, A_log, dt_bias, lower_bound=-5.0, scale=None, initial_state=None,
-    cu_seqlens=None,
+    q, k, v, g, beta, *, A_log=None, dt_bias=None, lower_bound=-5.0, scale=None, initial_state=None,
+    cu_seqlens=None, gate="safe", beta_form="logit", qk_norm=True,
 ):
     """Naive per-token KDA recurrence (float64), vectorized over batch and heads.
 
-    q, k, g ``[B, T, H, K]``, v ``[B, T, H, V]``, beta ``[B, T, H]`` logits. Per token:
-    ``S = S * exp(a)`` (decay along K), ``S += sigmoid(beta) * outer(v - S k̂, k̂)``,
-    ``o = scale * S q̂`` with ``q̂, k̂`` L2-normalized and ``a = kda_gate(g, ...)``.
+    q, k, g ``[B, T, H, K]``, v ``[B, T, H, V]``, beta ``[B, T, H]``. Per token:
+    ``S = S * exp(a)`` (decay along K), ``S += β * outer(v - S k̂, k̂)``,
+    ``o = scale * S q̂`` with ``a = kda_gate(g, A_log, dt_bias, lower_bound, gate)``,
+    ``β = kda_beta(beta, beta_form)`` and ``q̂, k̂`` L2-normalized (as given when not ``qk_norm``).
     ``scale`` defaults to ``K**-0.5``. With ``cu_seqlens`` (int ``[N+1]``, B must be 1) the
     sequences are the token ranges ``[cu[i], cu[i+1])``; otherwise N = B.
     ``initial_state`` ``[N, H, V, K]`` (None: zeros).
     Returns ``(o [B, T, H, V], final_state [N, H, V, K])``, both float64.
     """
     qn, kn, v, a, b, scale, S0, seqs = _kda_prepare(
-        q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state, cu_seqlens
+        q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state, cu_seqlens, gate, beta_form, qk_norm
     )
     decay = np.exp(a)
 
@@ -247,29 +277,30 @@ def _neumann_inverse(L):
 
 
 def kda_chunked(
-    q, k, v, g, beta, *, A_log, dt_bias, lower_bound=-5.0, scale=None, initial_state=None,
-    cu_seqlens=None, chunk_size=16,
+    q, k, v, g, beta, *, A_log=None, dt_bias=None, lower_bound=-5.0, scale=None, initial_state=None,
+    cu_seqlens=None, chunk_size=16, gate="safe", beta_form="logit", qk_norm=True,
 ):
     """Chunked KDA (DESIGN.md's chunked form, as the kernels compute it), float64.
 
     Same arguments and results as :func:`kda_recurrent`, plus ``chunk_size`` C. Each sequence
     is chunked from its own start; a partial last chunk is padded with ``a = 0, k = 0, v = 0,
     beta = 0`` rows whose outputs are discarded. Per chunk (base 2, ``G = cumsum(a*log2 e)``,
-    ``gamma = 2^G_C``)::
+    ``gamma = 2^G_C``, ``D_ij = 2^(G_i - G_j)`` for ``i >= j``: a decay, never a growth factor, so
+    any gate works)::
 
-        qd = scale*q̂*2^G   kd = k̂*2^G   ki = k̂*2^-G   kr = k̂*2^(G_C-G)
-        L = strictly_lower(kd ki^T) * beta[:, None];  A = (I+L)^-1 by the Neumann product
-        Mqk = lower_incl_diag(qd ki^T);  U = A diag(beta) (v - kd S^T)
+        qd = scale*q̂*2^G   kd = k̂*2^G   kr = k̂*2^(G_C-G)
+        L_ij = beta_i sum_d k̂_i k̂_j D_ij (i > j);  A = (I+L)^-1 by the Neumann product
+        Mqk_ij = scale sum_d q̂_i k̂_j D_ij (i >= j);  U = A diag(beta) (v - kd S^T)
         o = qd S^T + Mqk U;  S = S diag(gamma) + U^T kr
     """
     C = int(chunk_size)
     if C < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     qn, kn, v, a, b, scale, S0, seqs = _kda_prepare(
-        q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state, cu_seqlens
+        q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state, cu_seqlens, gate, beta_form, qk_norm
     )
+    lower = np.tril(np.ones((C, C), dtype=bool))
     strict = np.tril(np.ones((C, C)), -1)
-    incl = np.tril(np.ones((C, C)))
 
     def run(qn, kn, v, a, b, S):
         n, T, H, K = qn.shape
@@ -290,13 +321,14 @@ def kda_chunked(
             GC = G[:, :, -1:, :]  # [n, H, 1, K]
             qd = scale * qn[:, :, c] * np.exp2(G)
             kd = kn[:, :, c] * np.exp2(G)
-            ki = kn[:, :, c] * np.exp2(-G)
             kr = kn[:, :, c] * np.exp2(GC - G)
+            diff = G[:, :, :, None, :] - G[:, :, None, :, :]  # [n, H, i, j, K]: G_i - G_j
+            D = np.exp2(np.where(lower[:, :, None], diff, -np.inf))  # 0 above the diagonal
             beta_c = b[:, :, c]  # [n, H, C]
-            kiT = np.swapaxes(ki, -1, -2)
-            L = strict * (kd @ kiT) * beta_c[..., :, None]
+            kk = np.einsum("nhid,nhjd,nhijd->nhij", kn[:, :, c], kn[:, :, c], D)
+            L = strict * kk * beta_c[..., :, None]
             A = _neumann_inverse(L)
-            Mqk = incl * (qd @ kiT)
+            Mqk = scale * np.einsum("nhid,nhjd,nhijd->nhij", qn[:, :, c], kn[:, :, c], D)
             ST = np.swapaxes(S, -1, -2)  # [n, H, K, V]
             U = A @ (beta_c[..., None] * (v[:, :, c] - kd @ ST))  # [n, H, C, V]
             o[:, :, c] = qd @ ST + Mqk @ U

@@ -29,31 +29,59 @@ def kda_decode_specs(arch: str) -> Iterator[KernelSpec]:
     from .ops.kda import HEAD_DIMS
     from .ops.kda_decode import (INDEX_CTYPES, STATE_CTYPES, KdaDecodeProblem, default_stages, kda_decode_spec,
                                  tile_rows)
+    from .ops.kda_variant import BETAS, GATES, KdaVariant
+    safe = KdaVariant("safe", "logit", True, "bfloat16", "bfloat16", -5.0)
+    softplus = KdaVariant("softplus", "logit", True, "bfloat16", "bfloat16", 0.0)
+    vllm = KdaVariant("none", "prob", True, "float32", "float32", 0.0)   # vLLM's decode: its own gate, sigmoid(b)
     for dim in HEAD_DIMS:
         for state in STATE_CTYPES:
-            for idx in INDEX_CTYPES:
-                p = KdaDecodeProblem(1, 1, 32, dim, 1, 1, state, idx, "int32")
-                for rpt in (1, 2, 4, 8):
-                    if tile_rows(p, rpt) <= dim:
-                        yield kda_decode_spec(p, rpt, default_stages(p, rpt, H200_SMEM_PER_SM), arch)
-            packed = KdaDecodeProblem(1, 6, 32, dim, 3, 4, state, "int32", "int64")
-            yield kda_decode_spec(packed, 1, default_stages(packed, 1, H200_SMEM_PER_SM), arch)
+            for variant in (safe, softplus, vllm):
+                for idx in INDEX_CTYPES:
+                    p = KdaDecodeProblem(1, 1, 32, dim, 1, 1, state, idx, "int32", variant)
+                    for rpt in (1, 2, 4, 8):
+                        if tile_rows(p, rpt) <= dim:
+                            yield kda_decode_spec(p, rpt, default_stages(p, rpt, H200_SMEM_PER_SM), arch)
+                packed = KdaDecodeProblem(1, 6, 32, dim, 3, 4, state, "int32", "int64", variant)
+                yield kda_decode_spec(packed, 1, default_stages(packed, 1, H200_SMEM_PER_SM), arch)
+        for gate in GATES:   # every gate mode, β form and dtype pair at the test shape
+            for beta in BETAS:
+                for gd in ("bfloat16", "float32"):
+                    for bd in ("bfloat16", "float32"):
+                        if (gd == "float32" and gate != "none") or (bd == "float32" and beta != "prob"):
+                            continue
+                        for norm in (False, True):
+                            var = KdaVariant(gate, beta, norm, gd, bd, -5.0 if gate == "safe" else 0.0)
+                            p = KdaDecodeProblem(1, 1, 4, dim, 1, 1, "float32", "int32", "int32", var)
+                            rpt = next(r for r in (8, 4, 2, 1) if tile_rows(p, r) <= dim)
+                            yield kda_decode_spec(p, rpt, default_stages(p, rpt, H200_SMEM_PER_SM), arch)
 
 
 def kda_specs(arch: str) -> Iterator[KernelSpec]:
     from .ops.kda import CHUNK_SIZES, HEAD_DIMS, KdaProblem, kda_specs as specs_of, plan_kda
-    problems = [KdaProblem(1, t, h, 128, n, n > 1, 16, "float32")
+    from .ops.kda_variant import BETAS, GATES, KdaVariant
+
+    SOFTPLUS = KdaVariant("softplus", "logit", True, "bfloat16", "bfloat16", 0.0)
+    SAFE = KdaVariant("safe", "logit", True, "bfloat16", "bfloat16", -5.0)
+
+    def problem(b, t, h, d, n, c, variant=SOFTPLUS, v_first=False):
+        return KdaProblem(b, t, h, d, n, n != b or b == 1 and n > 1, c, "float32", variant, v_first, n)
+    problems = [problem(1, t, h, 128, n, 16, var) for var in (SOFTPLUS, SAFE)
                 for h, t, n in ((96, 8192, 1), (96, 8192, 6), (96, 8192, 8), (64, 8192, 1), (64, 8192, 6),
                                 (64, 8192, 8), (32, 32768, 1), (32, 8192, 1), (8, 32768, 1), (16, 65536, 1),
                                 (4, 262144, 1))]
-    problems += [KdaProblem(b, t, h, d, n, n != b, c, "float32") for d in HEAD_DIMS for c in CHUNK_SIZES
+    problems += [problem(b, t, h, d, n, c, v_first=vf) for d in HEAD_DIMS for c in CHUNK_SIZES for vf in (False, True)
                  for b, t, h, n in ((2, 4096, 2, 2), (1, 5148, 2, 7), (1, 4096, 8, 1), (1, 100, 64, 1))]
+    # every gate mode, β form and dtype pair (vLLM's calls: precomputed fp32 g, fp32 β probabilities)
+    problems += [problem(1, 4096, 8, d, 1, 16, KdaVariant(gate, beta, norm, gd, bd, -5.0 if gate == "safe" else 0.0))
+                 for d in HEAD_DIMS for gate in GATES for beta in BETAS for norm in (False, True)
+                 for gd in ("bfloat16", "float32") for bd in ("bfloat16", "float32")
+                 if (gd == "bfloat16" or gate == "none") and (bd == "bfloat16" or beta == "prob")]
     for p in problems:
         yield from specs_of(p, plan_kda(p, H200_SMS), arch)
     for d in HEAD_DIMS:   # every V split the planner (or the `warps` override) can pick
         for c in CHUNK_SIZES:
             for w in (1, 2, 4, 8)[: 3 if d == 64 else 4]:
-                p = KdaProblem(1, 4096, 8, d, 1, False, c, "float32")
+                p = problem(1, 4096, 8, d, 1, c)
                 yield from specs_of(p, plan_kda(p, H200_SMS, warps=w), arch)
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import pykda
-from pykda import reference, runtime
+from pykda import reference
 from pykda.ops import decode
 
 pytestmark = pytest.mark.gpu
@@ -110,14 +110,7 @@ def test_strided_hnd_views_of_a_larger_cache():
     check(o, lse, ref(q, k.transpose(1, 2), v.transpose(1, 2), lens), lens, "bfloat16")
 
 
-def counters_now(device=0):
-    """The ticket counters of torch's current stream, as a CuPy view."""
-    stream = torch.cuda.current_stream().cuda_stream
-    ptr = runtime.workspace(device, stream, 4 << 10, zeroed=True)
-    return cp.ndarray((1 << 10,), cp.uint32, cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(ptr, 4 << 10, None), 0))
-
-
-def test_cuda_graph_replay_with_new_lengths_and_data_resets_the_counters():
+def test_cuda_graph_replay_with_new_lengths_and_data():
     B, S, hq, hkv, d = 3, 8192, 32, 8, 128
     q, k, v = make(B, S, hq, hkv, d, "bfloat16", [S] * B, seed=3)
     kv_lens = torch.tensor([S, 5000, 1], dtype=torch.int32, device="cuda")
@@ -136,8 +129,6 @@ def test_cuda_graph_replay_with_new_lengths_and_data_resets_the_counters():
         graph.replay()
         torch.cuda.synchronize()
         check(out, lse_graph, ref(q2, k2, v2, lens), lens, "bfloat16")
-    with torch.cuda.stream(s):
-        assert int(counters_now().max()) == 0, "every split head group left its counter at zero"
 
 
 def test_bad_inputs_raise_before_launch():

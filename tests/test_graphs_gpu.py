@@ -133,16 +133,21 @@ def kda_refill(x, seed):
                                                    generator=torch.Generator(device="cuda").manual_seed(seed))))
 
 
+# Kimi Linear's gate, -exp(A_log) * softplus(g + dt_bias), L2 norm and sigmoid(beta) in the kernels
+KIMI = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+            state_v_first=True)
+
+
 def kda_ref(x, initial_state, cu_seqlens=None):
     return reference.kda_recurrent(*(f64(x[n]) for n in ("q", "k", "v", "g", "beta")), A_log=f64(x["A_log"]),
-                                   dt_bias=f64(x["dt_bias"]), initial_state=initial_state, cu_seqlens=cu_seqlens)
+                                   dt_bias=f64(x["dt_bias"]), initial_state=initial_state, cu_seqlens=cu_seqlens,
+                                   gate="softplus")
 
 
 def run_chunk_kda(x):
-    """chunk_kda as the prefill tests call it (fla's gate arguments), varlen with a final state."""
+    """chunk_kda with fla's keywords and Kimi Linear's gate, varlen with a final state."""
     return pykda.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
-                           lower_bound=-5.0, initial_state=x["s0"], output_final_state=True,
-                           cu_seqlens=x["cu_seqlens"])
+                           initial_state=x["s0"], output_final_state=True, cu_seqlens=x["cu_seqlens"], **KIMI)
 
 
 class ChunkKda:
@@ -201,9 +206,10 @@ class FusedRecurrentKda:
         return rows.tolist(), self.pool.clone()
 
     def call(self, x):
-        return (pykda.fused_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"],
-                                          dt_bias=x["dt_bias"], initial_state=self.pool,
-                                          state_indices=x["state_indices"]),)
+        o, _ = pykda.fused_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"],
+                                         dt_bias=x["dt_bias"], initial_state=self.pool,
+                                         state_indices=x["state_indices"], **KIMI)
+        return (o,)
 
     def check(self, x, outs, info):
         (o,), (rows, before) = outs, info

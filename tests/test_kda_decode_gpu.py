@@ -4,10 +4,19 @@ import pytest
 
 import pykda
 from pykda import reference
+from pykda.ops.kda_variant import SAFE_GATE_FLAGS
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 TOL = {"float32": 1e-2, "bfloat16": 2e-2}
+SAFE = SAFE_GATE_FLAGS._asdict()
+
+
+def decode(x, flags=SAFE, **kw):
+    """fused_recurrent_kda on x's arrays (a dict with q, k, v, g, beta and the gate's A_log,
+    dt_bias) on a V-first pool; pykda's bounded gate unless `flags` says otherwise. Returns o."""
+    o, _ = pykda.fused_recurrent_kda(**x, **flags, state_v_first=True, **kw)
+    return o
 
 
 def make(B, T, H, K, P, state_dtype, seed):
@@ -26,16 +35,25 @@ def f64(t):
     return t.double().cpu().numpy()
 
 
-def reference_step(x, pool_before, rows, cu=None):
+def reference_kwargs(flags: dict) -> dict:
+    """reference.kda_recurrent's gate, beta_form and qk_norm for a call's fla flags."""
+    gate = "none" if not flags.get("use_gate_in_kernel") else "safe" if flags.get("lower_bound") is not None else "softplus"
+    beta_form = ("logit2" if flags.get("allow_neg_eigval") else "logit") if flags.get("use_beta_sigmoid_in_kernel") else "prob"
+    return dict(gate=gate, beta_form=beta_form, qk_norm=bool(flags.get("use_qk_l2norm_in_kernel")),
+                lower_bound=flags.get("lower_bound"))
+
+
+def reference_step(x, pool_before, rows, cu=None, flags=SAFE):
     """Reference outputs and new states for sequences whose pool rows are `rows` (-1 = padding)."""
+    ref_kwargs = reference_kwargs(flags)
     live = [i for i, r in enumerate(rows) if r >= 0]
     o = np.zeros(tuple(x["v"].shape))
     new = {}
     for i in live:
         sl = (slice(0, 1), slice(cu[i], cu[i + 1])) if cu is not None else (slice(i, i + 1),)
         args = {n: f64(x[n][sl]) for n in ("q", "k", "v", "g", "beta")}
-        oi, si = reference.kda_recurrent(**args, A_log=f64(x["A_log"]), dt_bias=f64(x["dt_bias"]),
-                                         initial_state=f64(pool_before[rows[i]])[None])
+        oi, si = reference.kda_recurrent(**args, **{n: f64(x[n]) for n in ("A_log", "dt_bias") if n in x},
+                                         initial_state=f64(pool_before[rows[i]])[None], **ref_kwargs)
         o[sl] = oi
         new[rows[i]] = si[0]
     return o, new
@@ -53,7 +71,7 @@ def test_matches_reference_with_random_and_padded_indices(B, T, K, state_dtype):
     idx = torch.where(pad, -1, perm).to(torch.int32 if B % 2 else torch.int64)
     before = pool.clone()
     out = torch.full((B, T, H, K), float("nan"), dtype=torch.bfloat16, device="cuda")
-    o = pykda.fused_recurrent_kda(**x, initial_state=pool, state_indices=idx, out=out)
+    o = decode(x, initial_state=pool, state_indices=idx, out=out)
     assert o is out
     rows = idx.tolist()
     o_ref, new = reference_step(x, before, rows)
@@ -73,7 +91,7 @@ def test_without_indices_row_n_is_sequence_n_and_cu_seqlens_packs():
     H, K = 8, 128
     x, pool = make(3, 2, H, K, 3, "float32", seed=11)
     before = pool.clone()
-    o = pykda.fused_recurrent_kda(**x, initial_state=pool)
+    o = decode(x, initial_state=pool)
     o_ref, new = reference_step(x, before, [0, 1, 2])
     assert reference.relative_error(f64(o), o_ref) < 1e-2
     assert all(reference.relative_error(f64(pool[r]), new[r]) < 1e-2 for r in range(3))
@@ -82,28 +100,67 @@ def test_without_indices_row_n_is_sequence_n_and_cu_seqlens_packs():
     before = pool.clone()
     cu = torch.tensor([0, 1, 4, 6], dtype=torch.int32, device="cuda")
     idx = torch.tensor([2, 0, 3], dtype=torch.int32, device="cuda")
-    o = pykda.fused_recurrent_kda(**xp, initial_state=pool, state_indices=idx, cu_seqlens=cu)
+    o = decode(xp, initial_state=pool, state_indices=idx, cu_seqlens=cu)
     o_ref, new = reference_step(xp, before, [2, 0, 3], cu=[0, 1, 4, 6])
     assert reference.relative_error(f64(o), o_ref) < 1e-2
     assert all(reference.relative_error(f64(pool[r]), new[r]) < 1e-2 for r in (2, 0, 3))
     assert torch.equal(pool[1], before[1])
 
 
-def test_decode_continues_a_prefill():
-    """Prefill of T tokens then decode of n tokens equals prefill of T + n."""
-    if not hasattr(pykda, "chunk_kda"):
-        pytest.fail("pykda.chunk_kda (KDA prefill) is not available")
+GATE_FLAGS = {"safe": SAFE,
+              "softplus": dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True),
+              "none": dict(use_qk_l2norm_in_kernel=True)}
+
+
+@pytest.mark.parametrize("gate", ["safe", "softplus", "none"])
+def test_decode_continues_a_prefill(gate):
+    """Prefill of T tokens then decode of n tokens equals prefill of T + n, in every gate mode."""
     H, K, T, n = 4, 128, 100, 3
     x, _ = make(2, T + n, H, K, 2, "float32", seed=13)
-    common = dict(A_log=x["A_log"], dt_bias=x["dt_bias"])
+    flags = GATE_FLAGS[gate]
+    if gate == "none":   # g is the log-decay (fp32), beta probabilities (fp32): vLLM's decode inputs
+        x["g"] = torch.tensor(reference.kda_gate(f64(x["g"]), f64(x["A_log"]), f64(x["dt_bias"]), None, "softplus"),
+                              dtype=torch.float32, device="cuda")
+        x["beta"] = torch.sigmoid(x["beta"].float())
+        del x["A_log"], x["dt_bias"]
     seq = ("q", "k", "v", "g", "beta")
+    common = dict(flags, **{n: x[n] for n in ("A_log", "dt_bias") if n in x}, state_v_first=True)
     o_all, s_all = pykda.chunk_kda(*(x[s] for s in seq), **common, output_final_state=True,
                                    initial_state=torch.zeros(2, H, K, K, device="cuda"))
     _, s_pre = pykda.chunk_kda(*(x[s][:, :T] for s in seq), **common, output_final_state=True,
                                initial_state=torch.zeros(2, H, K, K, device="cuda"))
-    o_dec = pykda.fused_recurrent_kda(*(x[s][:, T:] for s in seq), **common, initial_state=s_pre)
+    o_dec, s_ret = pykda.fused_recurrent_kda(*(x[s][:, T:] for s in seq), **common, initial_state=s_pre,
+                                             output_final_state=True)
+    assert s_ret is s_pre
     assert reference.relative_error(f64(o_dec), f64(o_all[:, T:])) < 1e-2
     assert reference.relative_error(f64(s_pre), f64(s_all)) < 1e-2
+
+
+@pytest.mark.parametrize("gate", ["softplus", "none"])
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+def test_gate_modes_match_reference(gate, state_dtype):
+    """Kimi Linear's gate with decays from e^-1e-3 to exactly 0, and vLLM's precomputed fp32 g
+    with fp32 β probabilities, against the float64 recurrence."""
+    B, T, H, K, P = 33, 3, 4, 128, 40
+    x, pool = make(B, T, H, K, P, state_dtype, seed=61)
+    x["A_log"] = x["A_log"].reshape(1, 1, H, 1)
+    x["g"] = (torch.rand(x["g"].shape, device="cuda") * 14 - 10).to(torch.bfloat16)
+    x["g"][3:6] = 1e4   # decay exactly 0
+    flags = GATE_FLAGS[gate]
+    if gate == "none":
+        x["g"] = torch.tensor(reference.kda_gate(f64(x["g"]), f64(x["A_log"]), f64(x["dt_bias"]), None, "softplus"),
+                              dtype=torch.float32, device="cuda")
+        x["beta"] = torch.sigmoid(x["beta"].float())
+        del x["A_log"], x["dt_bias"]
+    idx = torch.randperm(P, device="cuda")[:B].to(torch.int32)
+    idx[7] = -1
+    before = pool.clone()
+    o = decode(x, flags, initial_state=pool, state_indices=idx)
+    o_ref, new = reference_step(x, before, idx.tolist(), flags=flags)
+    assert torch.isfinite(o).all() and torch.isfinite(pool).all()
+    tol = TOL[state_dtype]
+    assert reference.relative_error(f64(o), o_ref) < tol
+    assert all(reference.relative_error(f64(pool[r]), s) < tol for r, s in new.items())
 
 
 def test_cuda_graph_capture_and_replay():
@@ -114,11 +171,11 @@ def test_cuda_graph_capture_and_replay():
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        pykda.fused_recurrent_kda(**x, initial_state=pool, state_indices=idx, out=out)
+        decode(x, initial_state=pool, state_indices=idx, out=out)
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        pykda.fused_recurrent_kda(**x, initial_state=pool, state_indices=idx, out=out)
+        decode(x, initial_state=pool, state_indices=idx, out=out)
     x2, _ = make(B, 1, H, K, B, "float32", seed=15)
     for n in x:
         x[n].copy_(x2[n])
@@ -133,14 +190,14 @@ def test_cuda_graph_capture_and_replay():
 def test_check_indices_catches_duplicates_and_out_of_range():
     x, pool = make(3, 1, 4, 64, 4, "float32", seed=16)
     with pytest.raises(ValueError, match="repeats pool rows"):
-        pykda.fused_recurrent_kda(**x, initial_state=pool, check_indices=True,
+        decode(x, initial_state=pool, check_indices=True,
                                   state_indices=torch.tensor([1, 1, 2], device="cuda"))
     with pytest.raises(ValueError, match="out of range"):
-        pykda.fused_recurrent_kda(**x, initial_state=pool, check_indices=True,
+        decode(x, initial_state=pool, check_indices=True,
                                   state_indices=torch.tensor([1, 4, 2], device="cuda"))
     # without the check an index >= P is skipped as padding: nothing outside the pool is touched
     before = pool.clone()
-    o = pykda.fused_recurrent_kda(**x, initial_state=pool, state_indices=torch.tensor([9, -1, 7], device="cuda"))
+    o = decode(x, initial_state=pool, state_indices=torch.tensor([9, -1, 7], device="cuda"))
     torch.cuda.synchronize()
     assert torch.equal(pool, before) and (o == 0).all()
 
@@ -155,7 +212,7 @@ def test_every_tile_shape_and_ring_depth_agrees(rpt, stages, state_dtype):
     idx = torch.randperm(B + 3, device="cuda")[:B].to(torch.int32)
     idx[5] = -1
     before = pool.clone()
-    o = pykda.fused_recurrent_kda(**x, initial_state=pool, state_indices=idx, rows_per_thread=rpt, stages=stages)
+    o = decode(x, initial_state=pool, state_indices=idx, rows_per_thread=rpt, stages=stages)
     rows = idx.tolist()
     o_ref, new = reference_step(x, before, rows)
     tol = TOL[state_dtype]
@@ -175,7 +232,7 @@ def test_packed_sequences_with_empty_and_padded_ones():
     rows = [6, 1, -1, 2, 7, 0]
     before = pool.clone()
     out = torch.full_like(x["v"], float("nan"))
-    pykda.fused_recurrent_kda(**x, initial_state=pool, out=out, cu_seqlens=torch.tensor(cu_list, device="cuda"),
+    decode(x, initial_state=pool, out=out, cu_seqlens=torch.tensor(cu_list, device="cuda"),
                               state_indices=torch.tensor(rows, dtype=torch.int32, device="cuda"))
     live = [r if n > 0 else -1 for r, n in zip(rows, lens)]
     o_ref, new = reference_step(x, before, live, cu=cu_list)
@@ -193,13 +250,13 @@ def test_torch_parameters_cupy_arrays_and_a_stream_give_the_same_step():
     x, pool = make(B, 1, H, K, B + 2, "float32", seed=21)
     idx = torch.tensor([6, 0, -1, 3, 2], device="cuda", dtype=torch.int32)
     pools = [pool.clone() for _ in range(3)]
-    outs = [pykda.fused_recurrent_kda(**x, initial_state=pools[0], state_indices=idx)]
+    outs = [decode(x, initial_state=pools[0], state_indices=idx)]
     params = {n: torch.nn.Parameter(x[n].clone(), requires_grad=False) for n in ("A_log", "dt_bias")}
     s = torch.cuda.Stream()
-    outs.append(pykda.fused_recurrent_kda(**{**x, **params}, initial_state=pools[1], state_indices=idx, stream=s))
+    outs.append(decode({**x, **params}, initial_state=pools[1], state_indices=idx, stream=s))
     s.synchronize()
     cx = {n: cupy.from_dlpack(t.detach()) for n, t in x.items()}
-    o = pykda.fused_recurrent_kda(**cx, initial_state=cupy.from_dlpack(pools[2]), state_indices=cupy.from_dlpack(idx))
+    o = decode(cx, initial_state=cupy.from_dlpack(pools[2]), state_indices=cupy.from_dlpack(idx))
     outs.append(torch.from_dlpack(o))
     torch.cuda.synchronize()
     for got, st in zip(outs[1:], pools[1:]):
@@ -207,4 +264,4 @@ def test_torch_parameters_cupy_arrays_and_a_stream_give_the_same_step():
     o_ref, new = reference_step(x, pool, idx.tolist())
     assert reference.relative_error(f64(outs[0]), o_ref) < 1e-2
     with pytest.raises(TypeError, match="dt_bias must be a CUDA tensor; got a torch tensor on cpu"):
-        pykda.fused_recurrent_kda(**{**x, "dt_bias": x["dt_bias"].cpu()}, initial_state=pool, state_indices=idx)
+        decode({**x, "dt_bias": x["dt_bias"].cpu()}, initial_state=pool, state_indices=idx)

@@ -4,12 +4,16 @@ import pytest
 
 import pykda
 from pykda import reference
+from pykda.ops.kda_variant import SAFE_GATE_FLAGS
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 TOL = 1e-2
 VARLEN = [1, 15, 16, 17, 0, 1000, 4099]
 LOWER_BOUND = {16: -5.0, 32: -2.5}
+SAFE = SAFE_GATE_FLAGS._asdict()
+# Kimi Linear's gate: -exp(A_log) * softplus(g + dt_bias), unbounded
+SOFTPLUS = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True)
 
 
 def make(B, T, H, K, seed, state_dtype=None, N=None):
@@ -33,11 +37,21 @@ def f64(t):
     return t.double().cpu().numpy()
 
 
-def ref(x, lower_bound, s0=None, cu=None, scale=None):
+def reference_kwargs(flags: dict) -> dict:
+    """reference.kda_recurrent's gate, beta_form and qk_norm for a call's fla flags."""
+    gate = "none" if not flags.get("use_gate_in_kernel") else "safe" if flags.get("lower_bound") is not None else "softplus"
+    beta_form = ("logit2" if flags.get("allow_neg_eigval") else "logit") if flags.get("use_beta_sigmoid_in_kernel") else "prob"
+    return dict(gate=gate, beta_form=beta_form, qk_norm=bool(flags.get("use_qk_l2norm_in_kernel")),
+                lower_bound=flags.get("lower_bound"))
+
+
+def ref(x, lower_bound, s0=None, cu=None, scale=None, flags=None):
+    flags = dict(SAFE, lower_bound=lower_bound) if flags is None else flags
+    gate_args = {n: f64(x[n]) for n in ("A_log", "dt_bias") if x.get(n) is not None}
     return reference.kda_recurrent(
-        f64(x["q"]), f64(x["k"]), f64(x["v"]), f64(x["g"]), f64(x["beta"]), A_log=f64(x["A_log"]),
-        dt_bias=f64(x["dt_bias"]), lower_bound=lower_bound, scale=scale,
-        initial_state=None if s0 is None else f64(s0), cu_seqlens=None if cu is None else cu.cpu().numpy())
+        f64(x["q"]), f64(x["k"]), f64(x["v"]), f64(x["g"]), f64(x["beta"]), **gate_args, scale=scale,
+        initial_state=None if s0 is None else f64(s0), cu_seqlens=None if cu is None else cu.cpu().numpy(),
+        **reference_kwargs(flags))
 
 
 def rel(out, expected):
@@ -48,8 +62,12 @@ def cu_of(lengths, dtype=torch.int32):
     return torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=dtype, device="cuda")
 
 
-def run(x, **kw):
-    return pykda.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"], **kw)
+def run(x, flags=None, **kw):
+    """chunk_kda on x's arrays: pykda's bounded gate (SAFE, lower_bound from kw) unless `flags`
+    says otherwise; A_log and dt_bias from x where the gate is computed in the kernel."""
+    flags = dict(SAFE, lower_bound=kw.pop("lower_bound", SAFE["lower_bound"])) if flags is None else flags
+    gate_args = {n: x[n] for n in ("A_log", "dt_bias") if flags.get("use_gate_in_kernel") and x.get(n) is not None}
+    return pykda.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], **flags, **gate_args, state_v_first=True, **kw)
 
 
 @pytest.mark.parametrize("state", [None, "float32", "bfloat16"])
@@ -147,7 +165,7 @@ def test_rows_outside_the_sequences_stay_poisoned():
     assert torch.isfinite(out[:, 3:50]).all()
     o_ref = reference.kda_recurrent(*(f64(x[n][:, 3:50]) for n in ("q", "k", "v", "g", "beta")),
                                     A_log=f64(x["A_log"]), dt_bias=f64(x["dt_bias"]),
-                                    cu_seqlens=np.array([0, 17, 17, 47]))[0]
+                                    cu_seqlens=np.array([0, 17, 17, 47]), **reference_kwargs(SAFE))[0]
     assert rel(out[:, 3:50], o_ref) <= TOL
 
 
@@ -216,9 +234,147 @@ def test_cuda_graph_capture_and_replay():
 
 def test_bad_inputs_raise_before_launch():
     x, _ = make(1, 32, 2, 128, seed=14)
-    with pytest.raises(ValueError, match="chunk_size=32"):
-        run(x, chunk_size=32, lower_bound=-5.0)
+    with pytest.raises(ValueError, match="chunk_size must be one of"):
+        run(x, chunk_size=64)
     with pytest.raises(TypeError, match="q must have dtype bfloat16"):
         run(dict(x, q=x["q"].half()))
     with pytest.raises(TypeError, match="q must be a CUDA tensor"):
         run(dict(x, q=x["q"].cpu()))
+
+
+# ---- gate modes, β forms, the norm flag, state layouts and the state pool (fla's keywords) ----
+
+def variant_inputs(x, gate, g_dtype, beta_form, beta_dtype, norm, seed):
+    """x's arrays reshaped for a variant: g as the log-decay for gate "none" (decays e^-1e-3 ... e^-60),
+    beta as probabilities for "prob", q and k pre-normalised without the in-kernel norm; A_log
+    as vLLM holds it, [1, 1, H, 1]."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    y = dict(x)
+    H = x["q"].shape[2]
+    y["A_log"] = x["A_log"].reshape(1, 1, H, 1)
+    if gate == "none":
+        u = torch.rand(x["g"].shape, generator=gen, device="cuda")
+        y["g"] = (-torch.exp(np.log(1e-3) + u * (np.log(60.0) - np.log(1e-3)))).to(getattr(torch, g_dtype))
+    if beta_form == "prob":
+        y["beta"] = torch.rand(x["beta"].shape, generator=gen, device="cuda").to(getattr(torch, beta_dtype))
+    if not norm:
+        for n in ("q", "k"):
+            y[n] = torch.nn.functional.normalize(x[n].float(), dim=-1).to(torch.bfloat16)
+    return y
+
+
+def flags_of(gate, beta_form, norm):
+    return dict(use_qk_l2norm_in_kernel=norm, use_gate_in_kernel=gate != "none",
+                use_beta_sigmoid_in_kernel=beta_form != "prob", allow_neg_eigval=beta_form == "logit2",
+                lower_bound=-5.0 if gate == "safe" else None, safe_gate=gate == "safe")
+
+
+VARIANTS = [("softplus", "bfloat16", "logit", "bfloat16", True), ("safe", "bfloat16", "logit", "bfloat16", True),
+            ("none", "float32", "prob", "float32", True), ("none", "bfloat16", "prob", "bfloat16", False),
+            ("softplus", "bfloat16", "logit2", "bfloat16", False), ("none", "float32", "logit", "bfloat16", True)]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(map(str, v)))
+@pytest.mark.parametrize("C", [16, 32])
+@pytest.mark.parametrize("K", [64, 128])
+@pytest.mark.parametrize("state", ["float32", "bfloat16"])
+def test_variants_match_reference(variant, C, K, state):
+    gate, g_dtype, beta_form, beta_dtype, norm = variant
+    lengths = [1, 0, 37, 16, 300, 2]
+    x, s0 = make(1, sum(lengths), 2, K, seed=C + K + len(gate), state_dtype=state, N=len(lengths))
+    y = variant_inputs(x, gate, g_dtype, beta_form, beta_dtype, norm, seed=K)
+    flags = flags_of(gate, beta_form, norm)
+    cu = cu_of(lengths)
+    out = torch.full_like(x["v"], float("nan"))
+    o, fs = run(y, flags, cu_seqlens=cu, initial_state=s0, output_final_state=True, chunk_size=C, out=out)
+    o_ref, s_ref = ref(y, None, s0, cu, flags=flags)
+    assert torch.isfinite(o).all() and torch.isfinite(fs).all()
+    assert rel(o, o_ref) <= TOL and rel(fs, s_ref) <= TOL, (rel(o, o_ref), rel(fs, s_ref))
+
+
+def unbounded_inputs(T, H, K, seed):
+    """Kimi Linear's gate driven hard: per-token log-decays from about -1e-3 to -60, whole chunks
+    whose decay is exactly 0 (softplus(1e4) · e^A_log), large dt_bias, and runs of nearly
+    collinear keys."""
+    x, s0 = make(1, T, H, K, seed, state_dtype="float32")
+    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+    x["A_log"] = torch.log(torch.rand(H, generator=gen, device="cuda") * 8 + 0.5)
+    x["dt_bias"] = 3.0 * torch.randn(H, K, generator=gen, device="cuda")
+    g = torch.empty(1, T, H, K, device="cuda").uniform_(-10.0, 4.0, generator=gen)
+    g[:, 1000:1064] = 1e4                 # four chunks of 16 with a zero decay on every key dim
+    g[:, 2000:2003, :, :5] = 1e4          # a few zero decays on a few dims
+    x["g"] = g.to(torch.bfloat16)
+    k = x["k"].float()
+    k[:, 3000:3100] = k[:, 3000:3001] + 1e-3 * k[:, 3000:3100]   # nearly collinear keys
+    x["k"] = k.to(torch.bfloat16)
+    return x, s0
+
+
+@pytest.mark.parametrize("C", [16, 32])
+def test_unbounded_gate_accuracy(C):
+    x, s0 = unbounded_inputs(4096, 8, 128, seed=21)
+    a = reference.kda_gate(f64(x["g"]), f64(x["A_log"]), f64(x["dt_bias"]), None, "softplus")
+    assert a.max() > -1e-2 and a.min() < -60 and (np.exp(a) == 0).any(), "the decays span the range"
+    o, fs = run(x, SOFTPLUS, initial_state=s0, output_final_state=True, chunk_size=C)
+    o_ref, s_ref = ref(x, None, s0, flags=SOFTPLUS)
+    err, serr = rel(o, o_ref), rel(fs, s_ref)
+    print(f"\nsoftplus gate T=4096 H=8 K=128 C={C}: out {err:.2e} state {serr:.2e}")
+    assert torch.isfinite(o).all() and torch.isfinite(fs).all()
+    assert err <= 2e-3 and serr <= 2e-3, (err, serr)
+
+
+@pytest.mark.parametrize("state", ["float32", "bfloat16"])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_prefill_on_the_state_pool(state, index_dtype):
+    lengths = [40, 0, 1, 77, 16]
+    N, P, H, K = len(lengths), 11, 2, 128
+    x, _ = make(1, sum(lengths), H, K, seed=31)
+    gen = torch.Generator(device="cuda").manual_seed(32)
+    pool = (0.05 * torch.randn(P, H, K, K, generator=gen, device="cuda")).to(getattr(torch, state))
+    before = pool.clone()
+    idx = torch.tensor([7, 2, -1, 9, 0], dtype=index_dtype, device="cuda")
+    has = torch.tensor([True, True, True, False, True], device="cuda")
+    cu = cu_of(lengths)
+    o, fs = run(x, SOFTPLUS, cu_seqlens=cu, initial_state=pool, state_indices=idx, has_initial_state=has,
+                output_final_state=True)
+    assert fs is pool
+    s0 = torch.stack([before[7], before[2], torch.zeros_like(before[0]), torch.zeros_like(before[0]), before[0]])
+    o_ref, s_ref = ref(x, None, s0, cu, flags=SOFTPLUS)
+    assert rel(o, o_ref) <= TOL
+    for n, row in enumerate(idx.tolist()):
+        if row >= 0:
+            assert rel(pool[row], s_ref[n]) <= TOL, n
+    untouched = [r for r in range(P) if r not in idx.tolist()]
+    assert torch.equal(pool[untouched], before[untouched]), "rows no sequence names are not touched"
+    # the same call on a contiguous initial_state gives the same outputs, bit for bit
+    o2, _ = run(x, SOFTPLUS, cu_seqlens=cu, initial_state=s0.to(pool.dtype), output_final_state=True)
+    assert torch.equal(o, o2)
+
+
+def test_state_layouts_agree():
+    lengths = [33, 64, 5]
+    x, s0 = make(1, sum(lengths), 2, 64, seed=41, state_dtype="float32", N=3)
+    cu = cu_of(lengths)
+    o_v, s_v = run(x, SOFTPLUS, cu_seqlens=cu, initial_state=s0, output_final_state=True)
+    flags = dict(SOFTPLUS)
+    o_k, s_k = pykda.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], **flags, A_log=x["A_log"],
+                               dt_bias=x["dt_bias"], initial_state=s0.transpose(-1, -2).contiguous(),
+                               output_final_state=True, cu_seqlens=cu)   # fla's default: [N, H, K, V]
+    assert torch.equal(o_v, o_k) and torch.equal(s_v, s_k.transpose(-1, -2))
+
+
+def test_fla_style_call_as_vllm_makes_it():
+    """vLLM's prefill: its own gate kernel's fp32 log-decay, sigmoid(b) in fp32, A_log [1, 1, H, 1],
+    cu_seqlens int64, the state pool gathered by index (here: read and written in place)."""
+    lengths = [300, 17, 1]
+    x, _ = make(1, sum(lengths), 4, 128, seed=51)
+    a = reference.kda_gate(f64(x["g"]), f64(x["A_log"]), f64(x["dt_bias"]), None, "softplus")
+    g32 = torch.tensor(a, dtype=torch.float32, device="cuda")
+    beta32 = torch.sigmoid(x["beta"].float())
+    pool = torch.zeros(8, 4, 128, 128, device="cuda")
+    idx = torch.tensor([3, 5, 1], device="cuda")
+    o, _ = pykda.chunk_kda(x["q"], x["k"], x["v"], g32, beta32, initial_state=pool, state_indices=idx,
+                           output_final_state=True, use_qk_l2norm_in_kernel=True, state_v_first=True,
+                           cu_seqlens=cu_of(lengths, torch.int64))
+    o2, s2 = run(x, SOFTPLUS, cu_seqlens=cu_of(lengths), output_final_state=True)
+    assert rel(o, f64(o2)) <= 2e-3 and rel(pool[idx], f64(s2)) <= 2e-3

@@ -123,6 +123,26 @@ def test_kda_gate_and_l2_normalize():
     np.testing.assert_array_equal(y[1], [0.0, 0.0])
 
 
+def test_gate_modes_and_beta_forms():
+    g = np.array([[[0.0, 30.0], [-40.0, 0.5]]])  # [1, H=2, K=2]
+    A_log = np.array([0.0, math.log(3.0)])
+    dt_bias = np.array([[0.0, 0.5], [1.0, -0.5]])
+    sp = lambda x: math.log1p(math.exp(x)) if x < 30 else x + math.log1p(math.exp(-x))
+    expected = -np.array([[[sp(0.0), sp(30.5)], [3.0 * sp(-39.0), 3.0 * sp(0.0)]]])
+    np.testing.assert_allclose(ref.kda_gate(g, A_log, dt_bias, None, "softplus"), expected, rtol=1e-14)
+    assert (ref.kda_gate(np.full((1, 2, 2), 800.0), A_log, None, None, "softplus") < -700).all()   # no overflow
+    np.testing.assert_array_equal(ref.kda_gate(g, None, None, None, "none"), g)
+    # safe gate without A_log: exp(A_log) = 1
+    np.testing.assert_allclose(ref.kda_gate(g, None, None, -2.0), -2.0 * ref.sigmoid(g))
+    b = np.array([-1.0, 0.0, 2.0])
+    np.testing.assert_allclose(ref.kda_beta(b, "logit2"), 2.0 * ref.sigmoid(b))
+    np.testing.assert_array_equal(ref.kda_beta(b, "prob"), b)
+    with pytest.raises(ValueError, match="gate"):
+        ref.kda_gate(g, A_log, dt_bias, -5.0, "tanh")
+    with pytest.raises(ValueError, match="beta form"):
+        ref.kda_beta(b, "softmax")
+
+
 def test_relative_error():
     assert ref.relative_error([1.0, 2.0], [1.0, 2.0]) == 0.0
     assert ref.relative_error([3.0, 4.0], [0.0, 0.0]) == math.inf
@@ -176,6 +196,35 @@ def test_chunked_matches_recurrent(K, V, with_state, chunk_size, lower_bound):
     if with_state:
         o_0, _ = ref.kda_recurrent(*x, **p, lower_bound=lower_bound)
         assert ref.relative_error(o_0, o_r) > 1e-4
+
+
+@pytest.mark.parametrize("chunk_size", [16, 32])
+@pytest.mark.parametrize("gate,beta_form,qk_norm", [("softplus", "logit", True), ("none", "prob", False),
+                                                     ("softplus", "logit2", True)])
+def test_chunked_matches_recurrent_unbounded(gate, beta_form, qk_norm, chunk_size):
+    """Decays from e^-1e-3 to exactly 0 inside one chunk (the softplus gate, or g as the
+    log-decay): the chunked form has no growth factor, so it stays finite and exact."""
+    rng = np.random.default_rng(7 + chunk_size)
+    B, T, H, K = 2, 70, 2, 16
+    x, p, s0 = _kda_inputs(rng, B, T, H, K, K, True)
+    q, k, v, g, beta = x
+    g = rng.uniform(-12.0, 6.0, g.shape)
+    g[0, 20:40] = 1e4                       # softplus: decays of e^-1e4 (0 in float64) for 20 tokens
+    if gate == "none":
+        g = -np.exp(rng.uniform(np.log(1e-3), np.log(60.0), g.shape))
+        g[1, 5:9] = -800.0                   # exp(-800) == 0
+        p = {}
+    if beta_form == "prob":
+        beta = rng.uniform(0.0, 1.0, beta.shape)
+    if not qk_norm:
+        q, k = ref.l2_normalize(q), ref.l2_normalize(k)
+    kw = dict(p, gate=gate, beta_form=beta_form, qk_norm=qk_norm, initial_state=s0)
+    o_r, s_r = ref.kda_recurrent(q, k, v, g, beta, **kw)
+    o_c, s_c = ref.kda_chunked(q, k, v, g, beta, **kw, chunk_size=chunk_size)
+    assert np.isfinite(o_c).all() and np.isfinite(s_c).all()
+    assert ref.relative_error(o_c, o_r) < TOL
+    assert ref.relative_error(s_c, s_r) < TOL
+    assert np.linalg.norm(o_r) > 1.0
 
 
 @pytest.mark.parametrize("chunk_size,lower_bound", CHUNK_CASES)

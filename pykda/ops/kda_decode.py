@@ -14,7 +14,8 @@ import numpy as np
 from .. import runtime
 from ..runtime.arrays import CallArrays, contiguous_strides
 from .kda import check_kda_inputs
-from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_lower_bound, check_ndim, check_same_device, check_shape, check_stages, Memo, resolve_scale)
+from .kda_variant import KdaFlags, KdaVariant, resolve_variant
+from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim, check_same_device, check_shape, check_stages, Memo, resolve_scale)
 
 STATE_CTYPES = {"float32": "float", "bfloat16": "bf16_t"}
 INDEX_CTYPES = {"int32": "int", "int64": "long long"}
@@ -37,6 +38,7 @@ class KdaDecodeProblem(NamedTuple):
     state_dtype: str
     index_dtype: str    # of state_indices ('int32' when absent)
     cu_dtype: str       # of cu_seqlens ('int32' when absent)
+    variant: KdaVariant  # gate mode, β form, norm flag, dtypes of g and beta
 
 
 @dataclass(frozen=True)
@@ -78,10 +80,11 @@ def staged_tokens(p: KdaDecodeProblem) -> int:
 
 def stage_bytes(p: KdaDecodeProblem, rpt: int) -> int:
     """A ring stage (the kernel checks this count against its layout): the state tile; per
-    staged token the q, k, g, v rows (bf16) and a β word; the head's dt_bias row and A_log
-    (fp32, 16 bytes for A_log); per staged token the fp32 decays."""
+    staged token the q, k, v rows (bf16), the g row (bf16 or fp32) and a β word; the head's
+    dt_bias row and A_log (fp32, 16 bytes for A_log); per staged token the fp32 decays."""
     t = staged_tokens(p)
-    gate_at = -(-(tile_bytes(rpt) + t * (4 * p.dim * 2 + 4)) // 16) * 16
+    token_bytes = 3 * p.dim * 2 + p.dim * (4 if p.variant.g_dtype == "float32" else 2)
+    gate_at = -(-(tile_bytes(rpt) + t * (token_bytes + 4)) // 16) * 16
     return -(-(gate_at + p.dim * 4 + 16 + t * p.dim * 4) // 128) * 128
 
 
@@ -116,12 +119,17 @@ def kda_decode_spec(p: KdaDecodeProblem, rpt: int, stages: int, arch: str) -> ru
         "K": p.dim, "STATE": STATE_CTYPES[p.state_dtype], "RPT": rpt, "STAGES": stages, "WARPS": WARPS,
         "MIN_CTAS": min_ctas(p.state_dtype, rpt), "TMAX": staged_tokens(p),
         "STAGE_BYTES": stage_bytes(p, rpt), "IDX_T": INDEX_CTYPES[p.index_dtype],
-        "CU_T": INDEX_CTYPES[p.cu_dtype]}, arch, kernels=("kda_decode",))
+        "CU_T": INDEX_CTYPES[p.cu_dtype], **p.variant.template_params()}, arch, kernels=("kda_decode",))
 
 
-def validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out) -> KdaDecodeProblem:
+def validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out, flags: KdaFlags,
+                        state_v_first: bool) -> KdaDecodeProblem:
     """Check dtypes, ranks, shapes, layouts and alignment of every argument; no GPU needed."""
-    B, T, H, K = check_kda_inputs(q, k, v, g, beta, A_log, dt_bias)
+    B, T, H, K = check_kda_inputs(q, k, v, g, beta)
+    variant = resolve_variant(flags, g, beta, A_log, dt_bias, H, K)
+    if not state_v_first:
+        raise ValueError("fused_recurrent_kda updates V-first pools [P, H, V, K] only for now: pass "
+                         "state_v_first=True (fla's default [P, H, K, V] is not supported in decode yet)")
     if T < 1:
         raise ValueError(f"q must hold at least one token (T >= 1); got T = {T}")
     if B * T >= 2 ** 31:
@@ -159,16 +167,16 @@ def validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, 
         check_shape(out, "out", (B, T, H, K), "[B, T, H, V]")
         check_dtype(out, "out", ("bfloat16",))
         check_inner_contiguous(out, "out")
-    arrays = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "A_log": A_log, "dt_bias": dt_bias,
-              "initial_state": state}
-    for name, a in (("state_indices", state_indices), ("cu_seqlens", cu_seqlens), ("out", out)):
+    arrays = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": state}
+    for name, a in (("A_log", A_log), ("dt_bias", dt_bias), ("state_indices", state_indices),
+                    ("cu_seqlens", cu_seqlens), ("out", out)):
         if a is not None:
             arrays[name] = a
     check_same_device(arrays)
     return KdaDecodeProblem(batch=B, tokens=T, heads=H, dim=K, sequences=N, pool_rows=P,
                             state_dtype=state.dtype,
                             index_dtype=state_indices.dtype if state_indices is not None else "int32",
-                            cu_dtype=cu_seqlens.dtype if cu_seqlens is not None else "int32")
+                            cu_dtype=cu_seqlens.dtype if cu_seqlens is not None else "int32", variant=variant)
 
 
 def check_state_indices(indices: np.ndarray, pool_rows: int) -> None:
@@ -213,12 +221,12 @@ class KdaDecodeCall(NamedTuple):
 
 
 def prepare_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out,
-                       scale, lower_bound, rows_per_thread, stages) -> KdaDecodeCall:
+                       scale, flags, state_v_first, rows_per_thread, stages) -> KdaDecodeCall:
     """Validate a call and make everything its launch needs but the pointers and the stream.
     The output, when `out` is None, is a new contiguous array of v's shape."""
-    p = validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out)
+    p = validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out, flags,
+                            state_v_first)
     scale = resolve_scale(scale, p.dim)
-    lower_bound = check_lower_bound(lower_bound)
     check_stages(stages)
     runtime.require_gpu()
     plan, launcher, config = _kernel_for(p, q.device, rows_per_thread, stages)
@@ -227,26 +235,33 @@ def prepare_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, c
     layout = np.asarray(q.strides[:3] + k.strides[:3] + g.strides[:3] + v.strides[:3] + tuple(beta.strides)
                         + tuple(o_strides[:3]), dtype=np.int64).tobytes()
     return KdaDecodeCall(p, plan, launcher, config, layout, *map(np.int32, (p.pool_rows, p.tokens, p.heads, plan.n_tiles)),
-                         lower_bound, scale)
+                         p.variant.lower_bound, scale)
 
 
 ARGUMENTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "state_indices", "cu_seqlens", "out")
-REQUIRED = 7   # q .. dt_bias; initial_state is checked by validation, with its own message
+REQUIRED = 5   # q .. beta; initial_state is checked by validation, with its own message
 # prepared calls by the arguments' key (CallArrays) and the settings: a repeated call is one key compare
 PREPARED = Memo(lambda arrays, settings: prepare_kda_decode(*arrays.views(), *settings))
 
 
-def fused_recurrent_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float = -5.0, scale: float | None = None,
-                        initial_state=None, state_indices=None, cu_seqlens=None, out=None, stream=None,
+def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float | None = None, initial_state=None,
+                        output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
+                        use_gate_in_kernel: bool = False, use_beta_sigmoid_in_kernel: bool = False,
+                        allow_neg_eigval: bool = False, lower_bound: float | None = None, state_v_first: bool = False,
+                        cu_seqlens=None, *, safe_gate: bool = False, state_indices=None, out=None, stream=None,
                         check_indices: bool = False, rows_per_thread: int | None = None, stages: int | None = None):
-    """One or a few KDA recurrent steps per sequence, updating a pool of states in place.
+    """One or a few KDA recurrent steps per sequence, updating a pool of states in place; fla's
+    `fused_recurrent_kda` arguments (gate modes, β forms and the norm flag as in `chunk_kda`).
 
-    q, k, g [B, T, H, K], v [B, T, H, V], beta [B, T, H] (logits) bf16; A_log [H] and
-    dt_bias [H, K] or [H*K] fp32; K = V in {64, 128}. initial_state is the pool
-    [P, H, V, K] (fp32 or bf16) updated in place; state_indices [N] (int32/int64) picks each
-    sequence's row, a negative index marks a padding slot (zero outputs, no state touched);
-    without it sequence n uses row n. With cu_seqlens [N + 1] the tokens are packed (B = 1).
-    Tokens of a sequence are applied in order, one output per token: returns o [B, T, H, V].
+    q, k [B, T, H, K], v [B, T, H, V] bf16; g [B, T, H, K] and beta [B, T, H] bf16 or fp32;
+    A_log (H fp32 elements, any shape) and dt_bias (H*K fp32) where the gate is computed in the
+    kernel; K = V in {64, 128}. initial_state is the pool [P, H, V, K] (fp32 or bf16; pass
+    `state_v_first=True`: fla's K-first pools are not supported here yet) and is updated in place:
+    unlike fla, the call always writes the new states back into it. state_indices [N]
+    (int32/int64) picks each sequence's row, a negative index marks a padding slot (zero outputs,
+    no state touched); without it sequence n uses row n. With cu_seqlens [N + 1] the tokens are
+    packed (B = 1). Tokens of a sequence are applied in order, one output per token.
+    Returns (o [B, T, H, V], the pool if `output_final_state` else None).
 
     Contract: non-negative state_indices are distinct and < P; the kernel never reads or
     writes outside the pool (an index >= P is treated as padding), and `check_indices=True`
@@ -256,7 +271,8 @@ def fused_recurrent_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float 
     """
     arrays = CallArrays((q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, cu_seqlens, out),
                         ARGUMENTS, REQUIRED)
-    settings = (scale, lower_bound, rows_per_thread, stages)
+    settings = (scale, KdaFlags(use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                                allow_neg_eigval, safe_gate, lower_bound), state_v_first, rows_per_thread, stages)
     call = PREPARED.get((arrays.key, settings), arrays, settings)
     if check_indices and state_indices is not None:
         import cupy
@@ -267,4 +283,4 @@ def fused_recurrent_kda(q, k, v, g, beta, *, A_log, dt_bias, lower_bound: float 
         out, o_p = arrays.new_contiguous_like(2)
     call.launcher(call.config, (q_p, k_p, g_p, v_p, beta_p, call.layout, a_p, dt_p, state_p, call.pool_rows, idx_p,
                                 cu_p, call.tokens, call.heads, call.n_tiles, o_p, call.lower_bound, call.scale), strm)
-    return arrays.result(out)
+    return arrays.result(out), (initial_state if output_final_state else None)

@@ -34,7 +34,7 @@ def _inline_headers(source: str, seen: set[str]) -> str:
         path = HEADER_DIR / name
         if not path.is_file():
             raise FileNotFoundError(f"kernel header {name!r} not found in {HEADER_DIR}")
-        text = path.read_text().replace("#pragma once\n", "")
+        text = path.read_text(encoding="utf-8").replace("#pragma once\n", "")
         return f"// ---- {name} ----\n" + _inline_headers(text, seen) + f"// ---- end {name} ----"
     return _INCLUDE.sub(expand, source)
 

@@ -35,6 +35,7 @@ PYKDA_DEVICE uint8_t* align_smem_1024(uint8_t* p) {
 
 // ---- conversions: 16-bit floats <-> fp32 ----
 PYKDA_DEVICE float to_float(bf16_t x) { return __uint_as_float(uint32_t(x.bits) << 16); }
+PYKDA_DEVICE float to_float(float x) { return x; }
 PYKDA_DEVICE float to_float(fp16_t x) {
   float f;
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
@@ -73,6 +74,36 @@ PYKDA_DEVICE float2 unpack2(uint32_t v, fp16_t) {
   asm("{ .reg .f16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }"
       : "=f"(lo), "=f"(hi) : "r"(v));
   return make_float2(lo, hi);
+}
+
+// Eight consecutive elements (16-byte aligned) as loaded: one or two 16-byte words, converted
+// to fp32 at use (unpack8), so a kernel can issue all its loads before the first conversion.
+template <typename T> struct Raw8;
+template <> struct Raw8<bf16_t> { uint4 w; };
+template <> struct Raw8<float> { float4 a, b; };
+PYKDA_DEVICE Raw8<bf16_t> load_raw8(const bf16_t* p) { return {*reinterpret_cast<const uint4*>(p)}; }
+PYKDA_DEVICE Raw8<float> load_raw8(const float* p) {
+  return {*reinterpret_cast<const float4*>(p), *reinterpret_cast<const float4*>(p + 4)};
+}
+PYKDA_DEVICE void unpack8(const Raw8<bf16_t>& r, float (&x)[8]) {
+  const uint32_t w[4] = {r.w.x, r.w.y, r.w.z, r.w.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = unpack2(w[j], bf16_t{});
+    x[2 * j] = f.x;
+    x[2 * j + 1] = f.y;
+  }
+}
+PYKDA_DEVICE void unpack8(const Raw8<float>& r, float (&x)[8]) {
+  x[0] = r.a.x; x[1] = r.a.y; x[2] = r.a.z; x[3] = r.a.w;
+  x[4] = r.b.x; x[5] = r.b.y; x[6] = r.b.z; x[7] = r.b.w;
+}
+// Eight consecutive elements (16-byte aligned) as fp32, from bf16 or fp32 storage.
+template <typename T> PYKDA_DEVICE void load8(const T* p, float (&x)[8]) { unpack8(load_raw8(p), x); }
+// Eight fp32 to 16-byte aligned shared or global memory.
+PYKDA_DEVICE void store8(float* p, const float (&x)[8]) {
+  *reinterpret_cast<float4*>(p) = make_float4(x[0], x[1], x[2], x[3]);
+  *reinterpret_cast<float4*>(p + 4) = make_float4(x[4], x[5], x[6], x[7]);
 }
 
 // ---- fast math ----

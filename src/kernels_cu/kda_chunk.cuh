@@ -46,3 +46,33 @@ PYKDA_DEVICE void kda_seq_bounds(const void* cu, int cu_is64, int n, int T, int&
   end = int(e);
 }
 
+
+// Element offset of S[v][k] inside one [V, K] state (V-first, pykda's and FlashKDA's) or one
+// [K, V] state (K-first, fla's default); V = K.
+template <int K, bool VFIRST> PYKDA_DEVICE long long kda_state_offset(int v, int k) {
+  return VFIRST ? (long long)v * K + k : (long long)k * K + v;
+}
+// Two state elements (adjacent when V-first: one 8-byte or 4-byte access), as fp32.
+PYKDA_DEVICE float2 kda_state_load2(const float* s, long long e0, long long e1) {
+  return e1 == e0 + 1 ? *reinterpret_cast<const float2*>(s + e0) : make_float2(s[e0], s[e1]);
+}
+PYKDA_DEVICE float2 kda_state_load2(const bf16_t* s, long long e0, long long e1) {
+  return e1 == e0 + 1 ? unpack2(*reinterpret_cast<const uint32_t*>(s + e0), bf16_t{})
+                      : make_float2(to_float(s[e0]), to_float(s[e1]));
+}
+PYKDA_DEVICE void kda_state_store2(float* s, long long e0, long long e1, float2 x) {
+  if (e1 == e0 + 1) {
+    *reinterpret_cast<float2*>(s + e0) = x;
+  } else {
+    s[e0] = x.x;
+    s[e1] = x.y;
+  }
+}
+PYKDA_DEVICE void kda_state_store2(bf16_t* s, long long e0, long long e1, float2 x) {
+  if (e1 == e0 + 1) {
+    *reinterpret_cast<uint32_t*>(s + e0) = pack2<bf16_t>(x.x, x.y);
+  } else {
+    s[e0] = from_float<bf16_t>(x.x);
+    s[e1] = from_float<bf16_t>(x.y);
+  }
+}

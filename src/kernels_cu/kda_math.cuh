@@ -1,29 +1,48 @@
 // The per-token math of Kimi Delta Attention shared by the prefill (kda_prepare) and decode
-// (kda_decode) kernels: L2 normalisation of q and k, the gate, and beta. One place for these
-// semantics, so prefill and decode compute exactly the same thing.
+// (kda_decode) kernels: L2 normalisation of q and k, the gate modes and the β forms. One place
+// for these semantics, so prefill and decode compute exactly the same thing. A mode is a
+// compile-time constant of the kernel (its spec), so no kernel body branches on it.
 #pragma once
 #include "common.cuh"
 
 constexpr float KDA_L2_EPS = 1e-6f;
 constexpr float KDA_LOG2E = 1.4426950408889634f;
 
+// Gate modes: how the log-decay a (natural log, <= 0) of one key dimension comes from g.
+//   SAFE      a = lower_bound · sigmoid(exp(A_log) · (g + dt_bias))       bounded: (lower_bound, 0)
+//   SOFTPLUS  a = −exp(A_log) · softplus(g + dt_bias)                     Kimi Linear's, unbounded
+//   NONE      a = g                                                         precomputed by the caller
+enum KdaGate { KDA_GATE_SAFE = 0, KDA_GATE_SOFTPLUS = 1, KDA_GATE_NONE = 2 };
+// β forms: LOGIT β = sigmoid(b); LOGIT2 β = 2·sigmoid(b) (negative eigenvalues); PROB β = b.
+enum KdaBeta { KDA_BETA_LOGIT = 0, KDA_BETA_LOGIT2 = 1, KDA_BETA_PROB = 2 };
+
 // Logistic function with the accurate expf: sigmoid(-inf) = 0, sigmoid(+inf) = 1, NaN stays NaN.
 PYKDA_DEVICE float kda_sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 
+// softplus(x) = log(1 + e^x), accurate at both ends: x for x > 20 (e^-20 is below fp32's
+// resolution of x), e^x for x < -20 (log1p(y) = y there), log1p(e^x) between.
+PYKDA_DEVICE float kda_softplus(float x) {
+  return x > 20.f ? x : (x < -20.f ? expf(x) : log1pf(expf(x)));
+}
+
 // 1 / sqrt(Σx² + eps): multiply a row of q or k by this to L2-normalise it.
-PYKDA_DEVICE float kda_l2_inv_norm(float sum_sq) { return rsqrtf(sum_sq + KDA_L2_EPS); }
-PYKDA_DEVICE float kda_inv_norm(float sum_sq) { return kda_l2_inv_norm(sum_sq); }
+PYKDA_DEVICE float kda_inv_norm(float sum_sq) { return rsqrtf(sum_sq + KDA_L2_EPS); }
 
-// Log-decay (natural log) of one key dimension:
-// a = lower_bound · sigmoid(exp(A_log) · (g + dt_bias)), in (lower_bound, 0).
-// Argument order: g, dt_bias, a_exp = exp(A_log[h]) (computed once per head), lower_bound.
-PYKDA_DEVICE float kda_gate(float g, float dt_bias, float a_exp, float lower_bound) {
-  return lower_bound * kda_sigmoid(a_exp * (g + dt_bias));
-}
-// The same in base 2 (a · log2 e), what the chunked form accumulates.
-PYKDA_DEVICE float kda_gate_log2(float g, float dt_bias, float a_exp, float lower_bound) {
-  return kda_gate(g, dt_bias, a_exp, lower_bound) * KDA_LOG2E;
+// The factor a row of q or k is multiplied by: its inverse L2 norm when the kernel normalises,
+// else 1 (the caller normalised, or wants none).
+template <bool NORM> PYKDA_DEVICE float kda_row_scale(float sum_sq) { return NORM ? kda_inv_norm(sum_sq) : 1.f; }
+
+// Log-decay a of one key dimension (natural log). a_exp = exp(A_log[h]) (1 without A_log),
+// dt_bias 0 without one; lower_bound is read by SAFE only.
+template <int GATE> PYKDA_DEVICE float kda_log_decay(float g, float dt_bias, float a_exp, float lower_bound) {
+  if (GATE == KDA_GATE_SAFE) return lower_bound * kda_sigmoid(a_exp * (g + dt_bias));
+  if (GATE == KDA_GATE_SOFTPLUS) return -a_exp * kda_softplus(g + dt_bias);
+  return g;
 }
 
-// β = sigmoid(beta logit).
-PYKDA_DEVICE float kda_beta(float beta_logit) { return kda_sigmoid(beta_logit); }
+// β of one token from what the caller passed.
+template <int BETA> PYKDA_DEVICE float kda_beta(float b) {
+  if (BETA == KDA_BETA_LOGIT) return kda_sigmoid(b);
+  if (BETA == KDA_BETA_LOGIT2) return 2.f * kda_sigmoid(b);
+  return b;
+}
