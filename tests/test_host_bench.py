@@ -1,8 +1,9 @@
-"""CPU tests of `bench kda-decode`'s plumbing: which fla entry point it calls and how, the
+"""CPU tests of `bench kda-decode`'s and `bench kda`'s plumbing: which fla entry point it calls and how, the
 correctness check it applies to both, the case list and the table (no GPU needed)."""
 import sys
 import types
 
+import numpy as np
 import pytest
 
 from pykda import reference
@@ -71,6 +72,30 @@ def test_fla_is_called_on_its_serving_path(fake_fla):
     assert c["kwargs"] == {}   # nothing swallowed
 
 
+@pytest.mark.parametrize("gate, expected", [
+    ("safe", dict(use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, lower_bound=-5.0, A_log=True)),
+    ("softplus", dict(use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, lower_bound=None, A_log=True)),
+    ("vllm", dict(use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False, lower_bound=None, A_log=False)),
+])
+def test_fla_gets_each_gate_modes_keywords(fake_fla, gate, expected):
+    """fla is called with the keywords of the row's gate mode (the same as pykda's, less
+    safe_gate, which its decode forward does not take)."""
+    serving, _, _ = fake_fla
+    call, _, _ = bench.fla_peer()
+    x = _x()
+    if not expected["A_log"]:
+        del x["A_log"], x["dt_bias"]
+    call(x, torch.zeros(4, 2, 8, 8), torch.tensor([3, 1], dtype=torch.int32), gate)
+    (c,) = serving
+    for name in ("use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "lower_bound"):
+        assert c[name] == expected[name], name
+    assert c["use_qk_l2norm_in_kernel"] is True and c["kwargs"] == {}
+    assert (c["A_log"] is not None) == expected["A_log"] and (c["dt_bias"] is not None) == expected["A_log"]
+    ours = {k: v for k, v in bench.FLAGS[gate].items() if k != "safe_gate"}
+    assert {k: v for k, v in bench.fla_flags(gate).items() if v or k in ours} == \
+        {k: v for k, v in ours.items() if k != "allow_neg_eigval" or v}
+
+
 def test_fla_falls_back_to_the_public_wrapper_labelled(fake_fla, monkeypatch):
     serving, public, mods = fake_fla
     monkeypatch.delattr(mods["fla.ops.kda.fused_recurrent"], "fused_recurrent_kda_fwd")
@@ -109,29 +134,76 @@ def test_step_error_checks_output_and_the_updated_row():
     assert bench.step_error(x, o, before, before, 3, 3) > 1e-3    # the row was not updated
     assert bench.step_error(x, o, before, before, None, 3) < 1e-12  # output only
     assert bench.step_error(x, o, before, after, 3, 2) > 1e-3     # read from another row
+    assert bench.step_error(x, o, before, after, 3, 3, "softplus") > 1e-3   # checked against the row's gate
+
+
+@pytest.mark.parametrize("gate", ["softplus", "vllm"])
+def test_step_error_follows_the_gate_mode(gate):
+    x = _x(B=2, H=2, K=8)
+    if gate == "vllm":   # g the log-decay, beta probabilities; no A_log or dt_bias
+        A_log, dt_bias = x.pop("A_log"), x.pop("dt_bias")
+        x["g"] = -A_log.exp()[:, None] * torch.nn.functional.softplus(x["g"] + dt_bias.view(2, 8))
+        x["beta"] = torch.sigmoid(x["beta"])
+    before = 0.1 * torch.randn(4, 2, 8, 8, dtype=torch.float64)
+    after = before.clone()
+    o = _reference_step(x, after, torch.tensor([3, 1]), gate, dtype=torch.float64)
+    assert bench.step_error(x, o, before, after, 3, 3, gate) < 1e-12
+    assert bench.step_error(x, o, before, after, 3, 3, "safe") > 1e-3
 
 
 def test_cases_and_table(capsys):
     full = bench.cases(False)
-    assert len(full) == len(bench.POOLS) * len(bench.HEADS) * len(bench.BATCHES)
-    assert set(bench.cases(True)) <= set(full)
-    rows = [dict(pool="float32", H=32, B=1, us=7.3, host_us=20.0, graph_us=3.1, tbs=0.58, pct_copy=14.0,
+    safe = [c for c in full if c[0] == "safe"]
+    assert len(safe) == len(bench.POOLS) * len(bench.HEADS) * len(bench.BATCHES)
+    assert {c[0] for c in full} == set(bench.GATES) == {"safe", "softplus", "vllm"}
+    assert len(full) - len(safe) == 2 * len(bench.GATE_ROWS) <= 8, "a modest number of rows for the other gates"
+    quick = bench.cases(True)
+    assert set(quick) <= set(full) and {c[0] for c in quick} == set(bench.GATES)
+    rows = [dict(gate="safe", pool="float32", H=32, B=1, us=7.3, host_us=20.0, graph_us=3.1, tbs=0.58, pct_copy=14.0,
                  pct_same_copy=60.0, err=1e-3, fla_us=9.7, fla_host_us=90.0, fla_graph_us=3.0, fla_err=2e-3),
-            dict(pool="bfloat16", H=8, B=256, us=None, err=2e-3, fla_error="RuntimeError: x")]
+            dict(gate="softplus", pool="bfloat16", H=8, B=256, us=None, err=2e-3, fla_error="RuntimeError: x")]
     bench._print(rows, bench.SERVING)
     out = capsys.readouterr().out
-    assert "1.33" in out and "60" in out and "fla_error: RuntimeError: x" in out
+    assert "1.33" in out and "60" in out and "softplus bfloat16 H=8 B=256 fla_error: RuntimeError: x" in out
+    lines = out.splitlines()
+    assert lines[2].split()[0] == "gate" and lines[3].split()[0] == "safe"   # the gate column
 
 
-def _reference_step(x, pool, idx):
+def reference_mode(flags: dict) -> str:
+    """The gate mode that fla-style keywords ask for, read as the ops read them."""
+    if not flags.get("use_gate_in_kernel"):
+        assert not flags.get("use_beta_sigmoid_in_kernel"), "vllm's form: beta probabilities"
+        return "vllm"
+    assert flags.get("use_beta_sigmoid_in_kernel")
+    return "safe" if flags.get("lower_bound") is not None else "softplus"
+
+
+def _reference_step(x, pool, idx, gate="safe", dtype=torch.bfloat16):
     """What both ops do, in float64 on the CPU: one step per sequence on its pool row."""
     f64 = lambda t: t.double().numpy()   # noqa: E731
     rows = [int(i) for i in idx]
-    o, s = reference.kda_recurrent(*(f64(x[n]) for n in ("q", "k", "v", "g", "beta")), A_log=f64(x["A_log"]),
-                                   dt_bias=f64(x["dt_bias"]), lower_bound=bench.LOWER_BOUND,
-                                   initial_state=f64(pool[rows]))
+    gate_args = {n: f64(x[n]) for n in ("A_log", "dt_bias") if x.get(n) is not None}
+    o, s = reference.kda_recurrent(*(f64(x[n]) for n in ("q", "k", "v", "g", "beta")), **gate_args,
+                                   **bench.REFERENCE[gate], initial_state=f64(pool[rows]))
     pool[rows] = torch.from_numpy(s).to(pool.dtype)
-    return torch.from_numpy(o).to(torch.bfloat16)
+    return torch.from_numpy(o).to(dtype)
+
+
+GATE_KEYWORDS = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval",
+                 "safe_gate", "lower_bound")
+
+
+def fake_ours(seen):
+    """A stand-in for pykda's fused_recurrent_kda (fla's keywords): the float64 step of the gate
+    mode its keywords ask for; returns (o, None) as the op does without output_final_state."""
+    def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, *, initial_state, state_indices,
+                            state_v_first=False, rows_per_thread=None, stages=None, **flags):
+        assert state_v_first is True, "the decode pool is V-first"
+        assert set(flags) <= set(GATE_KEYWORDS), flags
+        seen.append((rows_per_thread, stages, reference_mode(flags)))
+        x = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias)
+        return _reference_step(x, initial_state, state_indices, reference_mode(flags)), None
+    return fused_recurrent_kda
 
 
 class _Timer:
@@ -143,49 +215,68 @@ class _Timer:
         return 5.0
 
 
-def cpu_quick_case(monkeypatch):
-    """The bench's quick cases as one small float32 case (D 8), its inputs drawn on the CPU."""
+def cpu_quick_case(monkeypatch, gates=("safe",)):
+    """The bench's quick cases as small float32 cases (D 8), one per gate mode, their inputs
+    drawn on the CPU."""
     monkeypatch.setattr(bench, "D", 8)
-    monkeypatch.setattr(bench, "QUICK", (("float32", 2, 3),))
+    monkeypatch.setattr(bench, "QUICK", tuple((gate, "float32", 2, 3) for gate in gates))
     real_inputs = bench._inputs
 
-    def cpu_inputs(B, H, pool_dtype):
+    def cpu_inputs(B, H, pool_dtype, gate="safe"):
         with monkeypatch.context() as m:
             m.setattr(torch, "Generator", lambda device=None: torch.random.default_generator.__class__())
             real_randn, real_rand, real_randperm = torch.randn, torch.rand, torch.randperm
             m.setattr(torch, "randn", lambda *s, generator=None, device=None: real_randn(*s, generator=generator))
             m.setattr(torch, "rand", lambda *s, generator=None, device=None: real_rand(*s, generator=generator))
             m.setattr(torch, "randperm", lambda n, device=None: real_randperm(n))
-            return real_inputs(B, H, pool_dtype)
+            return real_inputs(B, H, pool_dtype, gate)
     monkeypatch.setattr(bench, "_inputs", cpu_inputs)
 
 
 def test_run_end_to_end_with_the_gpu_stubbed(fake_fla, monkeypatch, capsys):
-    """bench.run's control flow on CPU tensors: ours and fla (its serving path) both checked."""
+    """bench.run's control flow on CPU tensors, one row per gate mode: ours and fla (its serving
+    path) both checked against the reference of the row's gate mode."""
     serving, _, mods = fake_fla
 
     def fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, scale=None, inplace_final_state=True,
             ssm_state_indices=None, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
             use_beta_sigmoid_in_kernel=False, lower_bound=None, state_v_first=False, **kwargs):
-        serving.append(1)
+        mode = reference_mode(dict(use_gate_in_kernel=use_gate_in_kernel, lower_bound=lower_bound,
+                                   use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel))
+        serving.append(mode)
         x = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias)
-        return _reference_step(x, initial_state, ssm_state_indices), initial_state
+        return _reference_step(x, initial_state, ssm_state_indices, mode), initial_state
     monkeypatch.setattr(mods["fla.ops.kda.fused_recurrent"], "fused_recurrent_kda_fwd", fwd)
-    cpu_quick_case(monkeypatch)
-    monkeypatch.setattr(bench, "fused_recurrent_kda",
-                        lambda q, k, v, g, beta, *, initial_state, state_indices, **kw:
-                        _reference_step(dict(q=q, k=k, v=v, g=g, beta=beta, **kw), initial_state, state_indices))
+    cpu_quick_case(monkeypatch, bench.GATES)
+    seen = []
+    monkeypatch.setattr(bench, "fused_recurrent_kda", fake_ours(seen))
     monkeypatch.setattr(bench.timing, "start", lambda flush="read": (_Timer(), 4.0))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     rows = bench.run(types.SimpleNamespace(quick=True))
-    (row,) = rows
-    assert row["err"] < 1e-2 and row["fla_err"] < 1e-2   # bf16 outputs
-    assert row["us"] == 10.0 and row["fla_us"] == 10.0 and row["copy_us"] == 5.0
-    assert row["pct_same_copy"] == 50.0 and row["state_bytes"] == 2 * 3 * 2 * 8 * 8 * 4
-    assert "graph_us" in row or "graph_error" in row
-    assert len(serving) > 3 and row["fla"] == bench.SERVING
+    assert [r["gate"] for r in rows] == list(bench.GATES)
+    for row in rows:
+        assert row["err"] < 1e-2 and row["fla_err"] < 1e-2, row   # bf16 outputs
+        assert row["us"] == 10.0 and row["fla_us"] == 10.0 and row["copy_us"] == 5.0
+        assert row["pct_same_copy"] == 50.0 and row["state_bytes"] == 2 * 3 * 2 * 8 * 8 * 4
+        assert "graph_us" in row or "graph_error" in row
+        assert row["fla"] == bench.SERVING
+    assert {mode for *_, mode in seen} == set(serving) == set(bench.GATES), "each row ran in its own gate mode"
     out = capsys.readouterr().out
     assert out.rstrip().splitlines()[-1].startswith("us: kernel")
+
+
+def test_vllm_rows_pass_fp32_log_decay_and_probabilities(monkeypatch):
+    """The "vllm" inputs: g the softplus gate's fp32 log-decay, beta fp32 sigmoid(beta), no
+    A_log or dt_bias (they would be refused with use_gate_in_kernel=False)."""
+    cpu_quick_case(monkeypatch)
+    x, _, _ = bench._inputs(2, 3, "float32", "vllm")
+    raw, _, _ = bench._inputs(2, 3, "float32", "softplus")
+    assert "A_log" not in x and "dt_bias" not in x
+    assert x["g"].dtype == torch.float32 and x["beta"].dtype == torch.float32
+    expected = reference.kda_gate(raw["g"].double().numpy(), raw["A_log"].double().numpy(),
+                                  raw["dt_bias"].double().numpy(), None, "softplus")
+    assert reference.relative_error(x["g"].double().numpy(), expected) < 1e-6
+    assert torch.allclose(x["beta"], torch.sigmoid(raw["beta"].float()))
 
 
 def test_bench_options_reach_only_the_benches_that_take_them():
@@ -208,16 +299,12 @@ def test_sweep_rows_time_each_setting(monkeypatch, capsys):
     """--rows-per-thread/--stages: a row per setting, each passed to the op and checked."""
     seen = []
     cpu_quick_case(monkeypatch)
-
-    def op(q, k, v, g, beta, *, initial_state, state_indices, rows_per_thread, stages, **kw):
-        seen.append((rows_per_thread, stages))
-        return _reference_step(dict(q=q, k=k, v=v, g=g, beta=beta, **kw), initial_state, state_indices)
-    monkeypatch.setattr(bench, "fused_recurrent_kda", op)
+    monkeypatch.setattr(bench, "fused_recurrent_kda", fake_ours(seen))
     monkeypatch.setattr(bench.timing, "start", lambda flush="read": (_Timer(), 4.0))
     rows = bench.run(types.SimpleNamespace(quick=True, rows_per_thread="4,8", stages="0"))
     assert [(r["rows_per_thread"], r["stages"]) for r in rows] == [(4, None), (8, None)]
-    assert all(r["err"] < 1e-2 and r["us"] == 10.0 for r in rows)
-    assert set(seen) == {(4, None), (8, None)}
+    assert all(r["err"] < 1e-2 and r["us"] == 10.0 and r["gate"] == "safe" for r in rows)
+    assert set(seen) == {(4, None, "safe"), (8, None, "safe")}
     assert "auto" in capsys.readouterr().out
 
 
@@ -225,3 +312,134 @@ def test_timer_rejects_an_unknown_flush_before_allocating():
     from pykda.bench.timing import Timer
     with pytest.raises(ValueError, match=r"flush must be one of \('read', 'write'\); got 'evict'"):
         Timer("evict")
+
+
+# ---- bench kda (prefill): gate modes, peers, the pool row and the accuracy table, on the CPU ----
+def _kda_reference(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, flags):
+    """float64 chunk_kda of fla-style keywords on CPU tensors: (o bf16, final states fp32)."""
+    f64 = lambda t: None if t is None else t.double().numpy()   # noqa: E731
+    mode = reference_mode(flags) if flags.get("use_gate_in_kernel") else "none"
+    gate = {"vllm": "none", "none": "none"}.get(mode, mode)
+    beta_form = "logit" if flags.get("use_beta_sigmoid_in_kernel") else "prob"
+    o, s = reference.kda_recurrent(f64(q), f64(k), f64(v), f64(g), f64(beta), A_log=f64(A_log), dt_bias=f64(dt_bias),
+                                   lower_bound=flags.get("lower_bound"), initial_state=f64(initial_state),
+                                   cu_seqlens=f64(cu_seqlens).astype(np.int64) if cu_seqlens is not None else None,
+                                   gate=gate, beta_form=beta_form, qk_norm=bool(flags.get("use_qk_l2norm_in_kernel")))
+    return torch.from_numpy(o).to(torch.bfloat16), torch.from_numpy(s).float()
+
+
+def fake_chunk_kda(calls):
+    """pykda's chunk_kda (its keywords, its pool semantics) as the float64 reference."""
+    def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                  use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+                  allow_neg_eigval=False, safe_gate=False, lower_bound=None, state_v_first=False, cu_seqlens=None,
+                  *, A_log=None, dt_bias=None, state_indices=None, final_state=None):
+        flags = dict(use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
+                     use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, lower_bound=lower_bound)
+        assert state_v_first and not allow_neg_eigval
+        assert safe_gate == (lower_bound is not None), "the bounded gate asks for safe_gate=True"
+        calls.append(dict(flags, pooled=state_indices is not None))
+        s0 = initial_state[state_indices.long()] if state_indices is not None else initial_state
+        o, s = _kda_reference(q, k, v, g, beta, A_log, dt_bias, s0, cu_seqlens, flags)
+        if state_indices is not None:
+            initial_state[state_indices.long()] = s
+            return o, (initial_state if output_final_state else None)
+        if final_state is not None:
+            final_state.copy_(s)
+            s = final_state
+        return o, (s if output_final_state or final_state is not None else None)
+    return chunk_kda
+
+
+@pytest.fixture
+def kda_bench_on_cpu(monkeypatch):
+    """bench kda with D 8, two small shapes (the first the pool shape), torch on the CPU, a
+    fake FlashKDA and fla, and chunk_kda as the reference; returns the calls of each op."""
+    from pykda.bench import kda as kbench
+    calls = {"pykda": [], "flashkda": [], "fla": []}
+    lengths = [5, 0, 11, 7]
+    monkeypatch.setattr(kbench, "D", 8)
+    monkeypatch.setattr(kbench, "SHAPES", [(2, lengths, True), (3, [20], False)])
+    monkeypatch.setattr(kbench, "POOL_SHAPE", (2, lengths))
+    monkeypatch.setattr(kbench, "FLA_SHAPES", {0})
+    real_inputs = kbench._inputs
+    monkeypatch.setattr(kbench, "_inputs", lambda H, lens, st, seed=0: real_inputs(H, [12] if H == 8 else lens, st, seed))
+    for name in ("randn", "rand", "randperm", "tensor", "empty", "ones"):
+        real = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda *a, _real=real, device=None, **k: _real(*a, **k))
+    monkeypatch.setattr(torch, "Generator", lambda device=None: torch.random.default_generator.__class__())
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(kbench.timing, "start", lambda flush="read": (_Timer(), 4.0))
+    monkeypatch.setattr(kbench, "chunk_kda", fake_chunk_kda(calls["pykda"]))
+
+    def flashkda_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
+                     cu_seqlens=None):
+        flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                     lower_bound=lower_bound)
+        calls["flashkda"].append(flags)
+        o, s = _kda_reference(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, flags)
+        out.copy_(o)
+        if final_state is not None:
+            final_state.copy_(s)
+
+    def fla_chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                      use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+                      allow_neg_eigval=False, safe_gate=False, lower_bound=None, state_v_first=False,
+                      cu_seqlens=None, **kwargs):
+        assert set(kwargs) == {"A_log", "dt_bias"} and state_v_first
+        flags = dict(use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
+                     use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, lower_bound=lower_bound)
+        calls["fla"].append(flags)
+        o, s = _kda_reference(q, k, v, g, beta, kwargs["A_log"], kwargs["dt_bias"], initial_state, cu_seqlens, flags)
+        return o, (s if output_final_state else None)
+    monkeypatch.setattr(kbench, "_peers", lambda: {"flashkda": types.SimpleNamespace(fwd=flashkda_fwd),
+                                                   "fla": fla_chunk_kda})
+    return kbench, calls
+
+
+def test_bench_kda_gate_modes_pool_row_and_accuracy(kda_bench_on_cpu, capsys):
+    kbench, calls = kda_bench_on_cpu
+    result = kbench.run(types.SimpleNamespace(quick=False))
+    rows = result["timing"]
+    assert [(r["H"], r["gate"], r["state"]) for r in rows] == [
+        (2, "softplus", True), (2, "safe", True), (2, "softplus", "pool"), (3, "softplus", False), (3, "safe", False)]
+    by = {(r["H"], r["gate"], r["state"]): r for r in rows}
+    soft, safe, pool = by[2, "softplus", True], by[2, "safe", True], by[2, "softplus", "pool"]
+    assert soft["pykda"] == safe["pykda"] == 10.0 / 1e3
+    assert soft["flashkda"] is None and soft["flashkda_error"] == kbench.UNBOUNDED and safe["flashkda"] == 0.01
+    assert soft["fla"] == 0.01 and "fla" not in safe, "fla: the softplus gate, on FLA_SHAPES only"
+    assert "fla" not in by[3, "softplus", False]
+    # FlashKDA only ever ran the bounded gate; fla only Kimi Linear's
+    assert calls["flashkda"] and all(c["lower_bound"] == kbench.LOWER_BOUND for c in calls["flashkda"])
+    assert calls["fla"] and all(c["use_gate_in_kernel"] and c["lower_bound"] is None and c["use_qk_l2norm_in_kernel"]
+                                and c["use_beta_sigmoid_in_kernel"] for c in calls["fla"])
+    assert {c["lower_bound"] for c in calls["pykda"]} == {None, kbench.LOWER_BOUND}
+    # the pool row: the pooled call matches the contiguous one, timed beside it
+    assert pool["pykda"] == pool["contiguous"] == 0.01 and pool["pool_rows"] == 8 * 4
+    assert pool["out_diff"] < 1e-12 and pool["state_diff"] < 1e-12 and pool["others_untouched"] and pool["final_none"]
+    assert any(c["pooled"] for c in calls["pykda"])
+    # accuracy: both gates, FlashKDA's softplus entry says why it did not run
+    acc = result["accuracy"]
+    assert set(acc) == {"softplus", "safe"}
+    assert acc["softplus"]["flashkda"] == {"error": kbench.UNBOUNDED}
+    for gate in acc:
+        for name in ("pykda", "fla") if gate == "softplus" else ("pykda", "flashkda"):
+            assert acc[gate][name]["out"] < 1e-2 and acc[gate][name]["state"] < 1e-6, (gate, name)
+    out = capsys.readouterr().out
+    assert kbench.UNBOUNDED in out and "pool in place (H=2 T=23 N=4, softplus gate, pool of 32 rows)" in out
+    assert "accuracy, softplus gate" in out and "accuracy, safe gate" in out
+
+
+def test_bench_kda_pool_row_reports_a_pool_that_differs(kda_bench_on_cpu, monkeypatch):
+    """The pool row's check fails visibly when the pooled call does not match the contiguous one."""
+    kbench, calls = kda_bench_on_cpu
+    real = kbench.chunk_kda
+
+    def off_by_one(*a, state_indices=None, **k):
+        if state_indices is not None:
+            state_indices = (state_indices + 1) % k["initial_state"].shape[0]   # reads and writes other rows
+        return real(*a, state_indices=state_indices, **k)
+    monkeypatch.setattr(kbench, "chunk_kda", off_by_one)
+    result = kbench.run(types.SimpleNamespace(quick=False))
+    (pool,) = [r for r in result["timing"] if r["state"] == "pool"]
+    assert pool["out_diff"] > 1e-3 and pool["state_diff"] > 1e-3

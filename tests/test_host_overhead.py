@@ -29,11 +29,14 @@ if __name__ == "__main__":   # run as a script: this checkout's pykda and tests/
 torch = pytest.importorskip("torch") if __name__ != "__main__" else __import__("torch")
 
 from pykda.ops import kda_decode  # noqa: E402
+from pykda.ops.kda_variant import SAFE_GATE_FLAGS  # noqa: E402
 from pykda.runtime import arrays, device, launch  # noqa: E402
 
 from fakes import device_array  # noqa: E402
 
 B, H, D = 1, 32, 128
+# the flags of the timed calls: pykda's safe gate (L2 norm, bounded gate, sigmoid(beta) in the kernel), V-first pool
+FLAGS = dict(SAFE_GATE_FLAGS._asdict(), state_v_first=True)
 
 
 def cpu_twin_of_arrays() -> types.ModuleType:
@@ -149,7 +152,7 @@ def measure() -> dict[str, float]:
             return (f((batch, 1, H, D)), f((batch, 1, H, D)), f((batch, 1, H, D)), f((batch, 1, H, D)),
                     f((batch, 1, H)), f((H,), "float32"), f((H * D,), "float32"), f((2 * batch, H, D, D), "float32"),
                     f((batch,), "int32"), None, None)
-        names, settings = kda_decode.ARGUMENTS, (None, -5.0, None, None)
+        names, settings = kda_decode.ARGUMENTS, (None, SAFE_GATE_FLAGS, True, None, None)
 
         def prepare(arrays):
             return kda_decode.PREPARED.get((arrays.key, settings), arrays, settings)
@@ -162,9 +165,10 @@ def measure() -> dict[str, float]:
         res["CallArrays of the call's 11 arguments"] = _per_call_us(
             lambda: twin.CallArrays((x["q"], x["k"], x["v"], x["g"], x["beta"], x["A_log"], x["dt_bias"], pool, idx,
                                      None, None), names, kda_decode.REQUIRED))
-        call = lambda: kda_decode.fused_recurrent_kda(**x, initial_state=pool, state_indices=idx)  # noqa: E731
+        call = lambda: kda_decode.fused_recurrent_kda(**x, **FLAGS, initial_state=pool, state_indices=idx)  # noqa: E731
         res["fused_recurrent_kda (stubbed GPU)"] = _per_call_us(call)
-        call_out = lambda: kda_decode.fused_recurrent_kda(**x, initial_state=pool, state_indices=idx, out=out)  # noqa: E731
+        call_out = lambda: kda_decode.fused_recurrent_kda(**x, **FLAGS, initial_state=pool, state_indices=idx,  # noqa: E731
+                                                          out=out)
         res["  same, out= given"] = _per_call_us(call_out)
     return res
 
@@ -207,8 +211,9 @@ def test_stubbed_call_packs_the_kernel_parameters():
         launch._driver = lambda: (spy,) + entries[1:]
         out = torch.empty(B, 1, H, D, dtype=torch.bfloat16)
         for _ in range(2):   # the second call reuses the parameter buffer
-            o = kda_decode.fused_recurrent_kda(**x, initial_state=pool, state_indices=idx, out=out, scale=0.5)
-            assert o is out
+            o, final = kda_decode.fused_recurrent_kda(**x, **FLAGS, initial_state=pool, state_indices=idx, out=out,
+                                                      scale=0.5)
+            assert o is out and final is None
         assert len(seen) == 2 and len(_SpyLauncher.calls) == 2
         args = _SpyLauncher.calls[-1]
         assert launch.signature(args) == kda_decode.KERNEL_SIGNATURE
@@ -232,8 +237,10 @@ def test_measure_runs():
     twin = cpu_twin_of_arrays()
     x, pool, idx = cpu_inputs()
     with stubbed_gpu(twin):
-        o = kda_decode.fused_recurrent_kda(**x, initial_state=pool, state_indices=idx)
+        o, final = kda_decode.fused_recurrent_kda(**x, **FLAGS, initial_state=pool, state_indices=idx,
+                                                  output_final_state=True)
     assert tuple(o.shape) == (B, 1, H, D) and o.dtype == torch.bfloat16
+    assert final is pool   # updated in place, returned when asked for
 
 
 if __name__ == "__main__":

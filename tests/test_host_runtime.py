@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from pykda.ops import checks, kda_decode
+from pykda.ops.kda_variant import SAFE_GATE_FLAGS
 from pykda.runtime import arrays, launch
 from pykda.runtime.arrays import DeviceArray
 
@@ -109,24 +110,52 @@ def _kda_decode_arrays(**change):
     (dict(state=arr((4, 4, 128, 128), "float32", strides=(4 * 128 * 256, 128 * 256, 256, 1))),
      "initial_state must be contiguous"),
     (dict(state=arr((4, 4, 128, 128), "float64")), "initial_state must have dtype"),
-    (dict(g=arr((2, 1, 4, 128), "float16")), "g must have dtype bfloat16"),
+    (dict(g=arr((2, 1, 4, 128), "float16")), "g must have dtype bfloat16 or float32"),
+    (dict(beta=arr((2, 1, 4), "float16")), "beta must have dtype bfloat16 or float32"),
+    (dict(A_log=arr((1, 1, 5, 1), "float32")), "A_log must hold H = 4 elements"),
 ])
 def test_cached_good_call_never_lets_a_bad_one_through(change, message, monkeypatch):
+    prepared = _prepared_decode(monkeypatch)
+    settings = (None, SAFE_GATE_FLAGS, True, None, None)
+    good = _kda_decode_arrays()
+    first = prepared(good, settings)
+    assert prepared(_kda_decode_arrays(), settings) is first   # a hit
+    with pytest.raises((TypeError, ValueError), match=message):
+        prepared(_kda_decode_arrays(**change), settings)
+    assert prepared(good, settings) is first
+
+
+def _prepared_decode(monkeypatch):
+    """PREPARED.get of a decode call's arrays and settings, with the kernel stubbed."""
     monkeypatch.setattr(kda_decode.runtime, "require_gpu", lambda: None)
     plan = kda_decode.KdaDecodePlan(rpt=8, stages=3, n_tiles=16, grid=16, smem=1024)
     monkeypatch.setattr(kda_decode, "_kernel_for", lambda p, dev, rpt, stages: (plan, None, None))
     monkeypatch.setattr(kda_decode, "PREPARED", checks.Memo(kda_decode.PREPARED.make))   # its fakes stay here
-    settings = (None, -5.0, None, None)
 
-    def prepared(arrays):
+    def prepared(arrays, settings):
         args = arrays_of(arrays)
         return kda_decode.PREPARED.get((args.key, settings), args, settings)
-    good = _kda_decode_arrays()
-    first = prepared(good)
-    assert prepared(_kda_decode_arrays()) is first   # a hit
-    with pytest.raises((TypeError, ValueError), match=message):
-        prepared(_kda_decode_arrays(**change))
-    assert prepared(good) is first
+    return prepared
+
+
+@pytest.mark.parametrize("settings, message", [
+    ((None, SAFE_GATE_FLAGS._replace(use_gate_in_kernel=False, lower_bound=None, safe_gate=False), True, None, None),
+     "A_log is given but use_gate_in_kernel=False"),
+    ((None, SAFE_GATE_FLAGS, False, None, None), "state_v_first=True"),
+    ((None, SAFE_GATE_FLAGS._replace(lower_bound=None), True, None, None), "needs lower_bound"),
+    ((None, SAFE_GATE_FLAGS._replace(lower_bound=float("nan")), True, None, None), "lower_bound must be finite"),
+])
+def test_cached_good_call_never_lets_bad_settings_through(settings, message, monkeypatch):
+    """The same arrays with other flags: validated again (the settings are part of the key)."""
+    prepared = _prepared_decode(monkeypatch)
+    good = (None, SAFE_GATE_FLAGS, True, None, None)
+    first = prepared(_kda_decode_arrays(), good)
+    with pytest.raises(ValueError, match=message):
+        prepared(_kda_decode_arrays(), settings)
+    assert prepared(_kda_decode_arrays(), good) is first
+    softplus = (None, SAFE_GATE_FLAGS._replace(lower_bound=None, safe_gate=False), True, None, None)
+    other = prepared(_kda_decode_arrays(), softplus)
+    assert other is not first and other.problem.variant.gate == "softplus" and first.problem.variant.gate == "safe"
 
 
 def arrays_of(objs):

@@ -1,34 +1,61 @@
 """CPU tests of KDA prefill argument checks and planning (no GPU needed)."""
+import math
+
 import numpy as np
 import pytest
 
 import pykda
 from pykda import registry
-from pykda.ops.kda import (KdaProblem, check_chunk_lower_bound, plan_kda, prepare_smem_bytes, record_bytes,
+from pykda.ops.kda import (KdaProblem, bounded_gate, plan_kda, prepare_smem_bytes, record_bytes,
                            recurrence_smem_bytes, validate_kda)
+from pykda.ops.kda_variant import SAFE_GATE_FLAGS, KdaFlags, KdaVariant, resolve_variant
 from fakes import BASE, device_array as arr
 
+# Kimi Linear's gate: -exp(A_log) * softplus(g + dt_bias), no lower bound
+SOFTPLUS_FLAGS = KdaFlags(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True)
+# vLLM's form: g is the log-decay, beta probabilities (fp32 both)
+PRECOMPUTED_FLAGS = KdaFlags(use_qk_l2norm_in_kernel=True)
+ARGS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "state_indices", "has_initial_state",
+        "cu_seqlens", "out", "final_state", "flags", "state_v_first", "chunk_size")
 
 
 def good(B=1, T=100, H=4, K=128):
     return dict(q=arr((B, T, H, K)), k=arr((B, T, H, K)), v=arr((B, T, H, K)), g=arr((B, T, H, K)),
                 beta=arr((B, T, H)), A_log=arr((H,), "float32"), dt_bias=arr((H, K), "float32"),
-                initial_state=None, cu_seqlens=None, out=None, final_state=None, chunk_size=16, lower_bound=-5.0)
+                initial_state=None, state_indices=None, has_initial_state=None, cu_seqlens=None, out=None,
+                final_state=None, flags=SAFE_GATE_FLAGS, state_v_first=True, chunk_size=16)
 
 
 def check(**a):
-    return validate_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], a["A_log"], a["dt_bias"], a["initial_state"],
-                        a["cu_seqlens"], a["out"], a["final_state"], a["chunk_size"], a["lower_bound"])
+    return validate_kda(*(a[n] for n in ARGS))
+
+
+def with_lower_bound(a, lower_bound):
+    a["flags"] = a["flags"]._replace(lower_bound=lower_bound)
+    return a
+
+
+def call_kwargs(a):
+    """validate_kda's arguments as chunk_kda's keywords."""
+    kw = {n: a[n] for n in ARGS[5:13] + ("state_v_first", "chunk_size")}
+    return dict(kw, **a["flags"]._asdict())
+
+
+def problem(B, T, H, K, N, varlen, C=16, state="float32"):
+    variant = KdaVariant("softplus", "logit", True, "bfloat16", "bfloat16", 0.0)
+    return KdaProblem(B, T, H, K, N, varlen, C, state, variant, False, N)
 
 
 def test_valid_problems_are_described():
     p = check(**good(B=2))
     assert (p.batch, p.seq_len, p.heads, p.head_dim, p.n_seq, p.varlen, p.chunk) == (2, 100, 4, 128, 2, False, 16)
-    a = good(K=64)
+    assert p.variant == KdaVariant("safe", "logit", True, "bfloat16", "bfloat16", -5.0)
+    assert (p.v_first, p.pool_rows) == (True, 2)
+    a = with_lower_bound(good(K=64), -2.7)
     a.update(cu_seqlens=arr((8,), "int64"), initial_state=arr((7, 4, 64, 64), "bfloat16"),
-             dt_bias=arr((4 * 64,), "float32"), chunk_size=32, lower_bound=-2.7)
+             dt_bias=arr((4 * 64,), "float32"), chunk_size=32)
     p = check(**a)
-    assert (p.n_seq, p.varlen, p.state_dtype, p.chunk) == (7, True, "bfloat16", 32)
+    assert (p.n_seq, p.varlen, p.state_dtype, p.chunk, p.pool_rows) == (7, True, "bfloat16", 32, 7)
 
 
 def test_strided_views_are_accepted():
@@ -39,48 +66,81 @@ def test_strided_views_are_accepted():
     check(**a)
 
 
-@pytest.mark.parametrize("case, exc, message", [
+# each bad input: (case, exception, message naming the argument)
+BAD = [
     ("q_dtype", TypeError, "q must have dtype bfloat16; got float16"),
-    ("beta_dtype", TypeError, "beta must have dtype bfloat16; got float32"),
+    ("beta_dtype", TypeError, "beta must have dtype bfloat16 or float32; got float16"),
+    ("beta_fp64", TypeError, "beta must have dtype bfloat16 or float32; got float64"),
+    ("g_dtype", TypeError, "g must have dtype bfloat16 or float32; got float16"),
     ("v_dtype", TypeError, "v must have dtype bfloat16"),
     ("q_rank", ValueError, "q must be 4-D"),
     ("beta_rank", ValueError, "beta must be 3-D"),
     ("k_shape", ValueError, "k must have shape"),
     ("g_shape", ValueError, "g must have shape"),
-    ("v_heads", ValueError, "v must be \\[B, T, H, V\\]"),
+    ("v_heads", ValueError, "v has 5 heads and q 4: grouped value heads \\(HV > H\\) are not supported"),
+    ("v_len", ValueError, "v must be \\[B, T, H, V\\]"),
     ("v_dim", ValueError, "v's head dim V \\(64\\) must equal q's head dim K \\(128\\)"),
     ("k96", ValueError, "head dim K must be one of \\(64, 128\\); got 96"),
     ("beta_shape", ValueError, "beta must have shape"),
-    ("A_log_dtype", TypeError, "A_log must have dtype float32"),
-    ("A_log_shape", ValueError, "A_log must have shape \\[H\\]"),
-    ("dt_bias_shape", ValueError, "dt_bias must have shape \\[H, K\\]"),
-    ("dt_bias_dtype", TypeError, "dt_bias must have dtype float32"),
+    ("A_log_dtype", TypeError, "A_log must have dtype float32; got bfloat16"),
+    ("A_log_size", ValueError, "A_log must hold H = 4 elements \\(e.g. \\[H\\] or \\[1, 1, H, 1\\]\\); got shape \\(5,\\)"),
+    ("A_log_size_2d", ValueError, "A_log must hold H = 4 elements .*; got shape \\(4, 2\\)"),
+    ("A_log_strided", ValueError, "A_log must be contiguous"),
+    ("dt_bias_size", ValueError, "dt_bias must hold H\\*K = 512 elements \\(\\[H, K\\] or \\[H\\*K\\]\\); got shape \\(4, 129\\)"),
+    ("dt_bias_dtype", TypeError, "dt_bias must have dtype float32; got float64"),
+    ("dt_bias_misaligned", ValueError, "dt_bias must start at a 16-byte aligned address"),
+    ("A_log_without_gate", ValueError, "A_log is given but use_gate_in_kernel=False"),
+    ("dt_bias_without_gate", ValueError, "dt_bias is given but use_gate_in_kernel=False"),
+    ("softplus_without_A_log", ValueError, "use_gate_in_kernel=True without lower_bound .* needs A_log"),
+    ("safe_gate_without_lower_bound", ValueError, "safe_gate=True with use_gate_in_kernel=True needs lower_bound"),
+    ("neg_eigval_without_sigmoid", ValueError, "allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True"),
     ("cu_dtype", TypeError, "cu_seqlens must have dtype int32 or int64"),
     ("cu_rank", ValueError, "cu_seqlens must be 1-D"),
     ("cu_batch", ValueError, "with cu_seqlens the batch size B must be 1"),
     ("state_shape", ValueError, "initial_state must have shape \\[N, H, V, K\\] = \\(3, 4, 128, 128\\)"),
+    ("state_shape_k_first", ValueError, "initial_state must have shape \\[N, H, K, V\\] = \\(3, 4, 128, 128\\)"),
     ("state_shape_varlen", ValueError, "initial_state must have shape \\[N, H, V, K\\] = \\(5, 4, 128, 128\\)"),
     ("state_dtype", TypeError, "initial_state must have dtype float32 or bfloat16; got float16"),
     ("state_mismatch", TypeError, "final_state must have the dtype of initial_state"),
     ("final_shape", ValueError, "final_state must have shape"),
+    ("indices_without_state", ValueError, "state_indices picks rows of the state pool: pass the pool as initial_state"),
+    ("indices_with_final_state", ValueError, "with state_indices .* final_state must not be given"),
+    ("indices_dtype", TypeError, "state_indices must have dtype int32 or int64; got float32"),
+    ("indices_shape", ValueError, "state_indices must have shape \\[N\\] \\(one pool row per sequence\\) = \\(3,\\); got \\(4,\\)"),
+    ("indices_rank", ValueError, "state_indices must have shape .*; got \\(3, 1\\)"),
+    ("indices_strided", ValueError, "state_indices must be contiguous"),
+    ("indices_device", ValueError, "all arrays must be on one device"),
+    ("pool_rank", ValueError, "initial_state must be 4-D \\[P, H, V, K\\]"),
+    ("pool_shape", ValueError, "initial_state must have shape \\[P, H, V, K\\] = \\(8, 4, 128, 128\\)"),
+    ("has_initial_dtype", TypeError, "has_initial_state must have dtype bool; got int32"),
+    ("has_initial_shape", ValueError, "has_initial_state must have shape \\[N\\] = \\(3,\\); got \\(4,\\)"),
+    ("has_initial_rank", ValueError, "has_initial_state must have shape .*; got \\(3, 1\\)"),
+    ("has_initial_strided", ValueError, "has_initial_state must be contiguous"),
     ("chunk64", ValueError, "chunk_size must be one of \\(16, 32\\); got 64"),
-    ("lb_chunk32", ValueError, "below -2.7, the limit for chunk_size=32"),
-    ("lb_chunk16", ValueError, "below -5.5, the limit for chunk_size=16"),
-    ("lb_positive", ValueError, "lower_bound must be finite and <= 0"),
+    ("lb_positive", ValueError, "lower_bound must be finite and <= 0; got 0.5"),
+    ("lb_nan", ValueError, "lower_bound must be finite and <= 0; got nan"),
+    ("lb_inf", ValueError, "lower_bound must be finite and <= 0; got -inf"),
     ("misaligned", ValueError, "k must start at a 16-byte aligned address"),
     ("inner", ValueError, "v must be contiguous in its last dimension"),
     ("stride16", ValueError, "g: stride 1004 of dim 2 is 2008 bytes"),
     ("out_dtype", TypeError, "out must have dtype bfloat16"),
     ("out_shape", ValueError, "out must have shape"),
     ("device", ValueError, "all arrays must be on one device"),
-])
-def test_bad_input_names_the_argument(case, exc, message):
+]
+
+
+def bad_args(case):
+    """good(B=3) with the one change of `case`."""
     a = good(B=3)
     B, T, H, K = 3, 100, 4, 128
     if case == "q_dtype":
         a["q"] = arr((B, T, H, K), "float16")
     elif case == "beta_dtype":
-        a["beta"] = arr((B, T, H), "float32")
+        a["beta"] = arr((B, T, H), "float16")
+    elif case == "beta_fp64":
+        a["beta"] = arr((B, T, H), "float64")
+    elif case == "g_dtype":
+        a["g"] = arr((B, T, H, K), "float16")
     elif case == "v_dtype":
         a["v"] = arr((B, T, H, K), "float32")
     elif case == "q_rank":
@@ -93,6 +153,8 @@ def test_bad_input_names_the_argument(case, exc, message):
         a["g"] = arr((B, T, H, 64))
     elif case == "v_heads":
         a["v"] = arr((B, T, H + 1, K))
+    elif case == "v_len":
+        a["v"] = arr((B, T + 1, H, K))
     elif case == "v_dim":
         a["v"] = arr((B, T, H, 64))
     elif case == "k96":
@@ -102,12 +164,28 @@ def test_bad_input_names_the_argument(case, exc, message):
         a["beta"] = arr((B, T, H + 1))
     elif case == "A_log_dtype":
         a["A_log"] = arr((H,), "bfloat16")
-    elif case == "A_log_shape":
-        a["A_log"] = arr((H, 1), "float32")
-    elif case == "dt_bias_shape":
+    elif case == "A_log_size":
+        a["A_log"] = arr((H + 1,), "float32")
+    elif case == "A_log_size_2d":
+        a["A_log"] = arr((H, 2), "float32")
+    elif case == "A_log_strided":
+        a["A_log"] = arr((H,), "float32", strides=(2,))
+    elif case == "dt_bias_size":
         a["dt_bias"] = arr((H, K + 1), "float32")
     elif case == "dt_bias_dtype":
         a["dt_bias"] = arr((H, K), "float64")
+    elif case == "dt_bias_misaligned":
+        a["dt_bias"] = arr((H, K), "float32", ptr=BASE + 4)
+    elif case == "A_log_without_gate":
+        a.update(flags=PRECOMPUTED_FLAGS, dt_bias=None)
+    elif case == "dt_bias_without_gate":
+        a.update(flags=PRECOMPUTED_FLAGS, A_log=None)
+    elif case == "softplus_without_A_log":
+        a.update(flags=SOFTPLUS_FLAGS, A_log=None)
+    elif case == "safe_gate_without_lower_bound":
+        a["flags"] = SAFE_GATE_FLAGS._replace(lower_bound=None)
+    elif case == "neg_eigval_without_sigmoid":
+        a["flags"] = SAFE_GATE_FLAGS._replace(use_beta_sigmoid_in_kernel=False, allow_neg_eigval=True)
     elif case == "cu_dtype":
         a["cu_seqlens"] = arr((3,), "float32")
     elif case == "cu_rank":
@@ -116,6 +194,8 @@ def test_bad_input_names_the_argument(case, exc, message):
         a["cu_seqlens"] = arr((3,), "int32")
     elif case == "state_shape":
         a["initial_state"] = arr((1, H, K, K), "float32")
+    elif case == "state_shape_k_first":
+        a.update(state_v_first=False, initial_state=arr((B, H, K, 64), "float32"))
     elif case == "state_shape_varlen":
         for n in ("q", "k", "v", "g"):
             a[n] = arr((1, T, H, K))
@@ -129,14 +209,43 @@ def test_bad_input_names_the_argument(case, exc, message):
         a["final_state"] = arr((B, H, K, K), "bfloat16")
     elif case == "final_shape":
         a["final_state"] = arr((B, H, K, 64), "float32")
+    elif case == "indices_without_state":
+        a["state_indices"] = arr((B,), "int32")
+    elif case == "indices_with_final_state":
+        a.update(initial_state=arr((8, H, K, K), "float32"), state_indices=arr((B,), "int32"),
+                 final_state=arr((B, H, K, K), "float32"))
+    elif case.startswith("indices_") or case.startswith("pool_"):
+        a.update(initial_state=arr((8, H, K, K), "float32"), state_indices=arr((B,), "int32"))
+        if case == "indices_dtype":
+            a["state_indices"] = arr((B,), "float32")
+        elif case == "indices_shape":
+            a["state_indices"] = arr((B + 1,), "int32")
+        elif case == "indices_rank":
+            a["state_indices"] = arr((B, 1), "int32")
+        elif case == "indices_strided":
+            a["state_indices"] = arr((B,), "int32", strides=(2,))
+        elif case == "indices_device":
+            a["state_indices"] = arr((B,), "int32", device=1)
+        elif case == "pool_rank":
+            a["initial_state"] = arr((8, H, K * K), "float32")
+        elif case == "pool_shape":
+            a["initial_state"] = arr((8, H, K, 64), "float32")
+    elif case == "has_initial_dtype":
+        a["has_initial_state"] = arr((B,), "int32")
+    elif case == "has_initial_shape":
+        a["has_initial_state"] = arr((B + 1,), "bool")
+    elif case == "has_initial_rank":
+        a["has_initial_state"] = arr((B, 1), "bool")
+    elif case == "has_initial_strided":
+        a["has_initial_state"] = arr((B,), "bool", strides=(2,))
     elif case == "chunk64":
         a["chunk_size"] = 64
-    elif case == "lb_chunk32":
-        a.update(chunk_size=32, lower_bound=-5.0)
-    elif case == "lb_chunk16":
-        a["lower_bound"] = -6.0
     elif case == "lb_positive":
-        a["lower_bound"] = 0.5
+        with_lower_bound(a, 0.5)
+    elif case == "lb_nan":
+        with_lower_bound(a, float("nan"))
+    elif case == "lb_inf":
+        with_lower_bound(a, -math.inf)
     elif case == "misaligned":
         a["k"] = arr((B, T, H, K), ptr=BASE + 8)
     elif case == "inner":
@@ -149,25 +258,157 @@ def test_bad_input_names_the_argument(case, exc, message):
         a["out"] = arr((B, T, H, 64))
     elif case == "device":
         a["v"] = arr((B, T, H, K), device=1)
+    else:
+        raise AssertionError(f"unknown case {case}")
+    return a
+
+
+@pytest.mark.parametrize("case, exc, message", BAD)
+def test_bad_input_names_the_argument(case, exc, message):
     with pytest.raises(exc, match=message):
-        check(**a)
+        check(**bad_args(case))
 
 
-def test_lower_bound_limits():
-    assert check_chunk_lower_bound(-2.7, 32) == -2.7
-    assert check_chunk_lower_bound(-5.0, 16) == -5.0
-    assert check_chunk_lower_bound(0.0, 32) == 0.0
-    with pytest.raises(ValueError, match="use chunk_size=16"):
-        check_chunk_lower_bound(-3.0, 32)
-    with pytest.raises(ValueError, match="finite"):
-        check_chunk_lower_bound(float("nan"), 16)
+@pytest.mark.parametrize("case, exc, message", BAD)
+def test_chunk_kda_refuses_bad_input_before_any_launch(offline, case, exc, message):
+    """The same bad inputs through chunk_kda's keywords: the same error, nothing launched."""
+    a = bad_args(case)
+    with pytest.raises(exc, match=message):
+        pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a))
+    assert offline == []
+
+
+@pytest.mark.parametrize("keyword, value, message", [
+    ("cp_context", object(), "cp_context \\(fla's context parallelism\\) is not supported"),
+    ("return_intermediate_states", True, "return_intermediate_states is not supported"),
+])
+def test_unsupported_fla_keywords_are_refused(offline, keyword, value, message):
+    a = good()
+    with pytest.raises(ValueError, match=message):
+        pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), **{keyword: value})
+    assert offline == []
+
+
+def test_fla_only_keywords_are_accepted_and_change_nothing(offline):
+    a = good()
+    pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a))
+    plain = [entry[:4] for entry in offline]
+    offline.clear()
+    pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), cu_seqlens_cpu=object(),
+                    disable_recompute=True, use_graph=True, max_num_seqs=7, cp_context=None,
+                    return_intermediate_states=False)
+    assert [entry[:4] for entry in offline] == plain
+
+
+@pytest.mark.parametrize("shape", [(4,), (1, 1, 4, 1), (4, 1), (1, 4)])
+def test_A_log_of_any_shape_with_H_elements_is_accepted(shape):
+    for flags in (SAFE_GATE_FLAGS, SOFTPLUS_FLAGS):
+        a = good()
+        a.update(A_log=arr(shape, "float32"), flags=flags)
+        assert check(**a).variant.gate == ("safe" if flags is SAFE_GATE_FLAGS else "softplus")
+
+
+@pytest.mark.parametrize("shape", [(4 * 128,), (4, 128), (1, 1, 4, 128)])
+def test_dt_bias_of_any_shape_with_HK_elements_is_accepted(shape):
+    a = good()
+    a["dt_bias"] = arr(shape, "float32")
+    check(**a)
+
+
+@pytest.mark.parametrize("g_dtype, beta_dtype", [("float32", "float32"), ("float32", "bfloat16"),
+                                                 ("bfloat16", "float32")])
+def test_fp32_g_and_beta_are_accepted(g_dtype, beta_dtype):
+    a = good(B=2)
+    a.update(g=arr((2, 100, 4, 128), g_dtype), beta=arr((2, 100, 4), beta_dtype), flags=PRECOMPUTED_FLAGS,
+             A_log=None, dt_bias=None)
+    p = check(**a)
+    assert p.variant == KdaVariant("none", "prob", True, g_dtype, beta_dtype, 0.0)
+    a.update(flags=SOFTPLUS_FLAGS, A_log=arr((1, 1, 4, 1), "float32"), dt_bias=arr((4 * 128,), "float32"))
+    assert check(**a).variant == KdaVariant("softplus", "logit", True, g_dtype, beta_dtype, 0.0)
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (SAFE_GATE_FLAGS, ("safe", "logit", True, -5.0)),
+    (SOFTPLUS_FLAGS, ("softplus", "logit", True, 0.0)),
+    (PRECOMPUTED_FLAGS, ("none", "prob", True, 0.0)),
+    (KdaFlags(), ("none", "prob", False, 0.0)),
+    (KdaFlags(use_gate_in_kernel=True, lower_bound=-3.0), ("safe", "prob", False, -3.0)),   # safe_gate optional
+    (KdaFlags(use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True),
+     ("softplus", "logit2", False, 0.0)),
+    (KdaFlags(use_beta_sigmoid_in_kernel=True), ("none", "logit", False, 0.0)),
+])
+def test_flags_resolve_to_the_variant(flags, expected):
+    gate_args = (arr((4,), "float32"), arr((4, 128), "float32")) if flags.use_gate_in_kernel else (None, None)
+    v = resolve_variant(flags, arr((1, 5, 4, 128)), arr((1, 5, 4)), *gate_args, 4, 128)
+    assert (v.gate, v.beta, v.norm, v.lower_bound) == expected
+    assert v.template_params()["GATE"] == {"safe": 0, "softplus": 1, "none": 2}[expected[0]]
+
+
+def test_safe_gate_needs_no_A_log():
+    """lower_bound · sigmoid(g + dt_bias) without A_log (exp(A_log) = 1), and without dt_bias."""
+    a = good()
+    a.update(A_log=None, dt_bias=None)
+    assert check(**a).variant.gate == "safe"
+
+
+@pytest.mark.parametrize("C", [16, 32])
+@pytest.mark.parametrize("lower_bound", [0.0, -2.7, -5.0, -6.0, -50.0])
+def test_any_lower_bound_fits_either_chunk_size(C, lower_bound):
+    """The chunked form has no growth factor: no lower-bound limit per chunk size any more
+    (chunk_size=32 used to refuse lower_bound < -2.7, chunk_size=16 below -5.5)."""
+    a = with_lower_bound(good(), lower_bound)
+    a["chunk_size"] = C
+    p = check(**a)
+    assert (p.chunk, p.variant.lower_bound) == (C, lower_bound)
+
+
+@pytest.mark.parametrize("flags, C, bounded", [
+    (SAFE_GATE_FLAGS, 16, True),                                   # -5 · 16 · log2(e) = -115 >= -120
+    (SAFE_GATE_FLAGS, 32, False),                                  # -231: chunks may need the growth-free form
+    (SAFE_GATE_FLAGS._replace(lower_bound=-2.5), 32, True),
+    (SAFE_GATE_FLAGS._replace(lower_bound=-5.5), 16, False),
+    (SOFTPLUS_FLAGS, 16, False),                                   # unbounded
+    (PRECOMPUTED_FLAGS, 16, False),
+])
+def test_only_a_bounded_gate_skips_the_growth_free_form(flags, C, bounded):
+    """kda_prepare compiles only its growth-factor form where the gate bounds a chunk's decay."""
+    a = good()
+    a.update(flags=flags, chunk_size=C)
+    if not flags.use_gate_in_kernel:
+        a.update(A_log=None, dt_bias=None)
+    p = check(**a)
+    assert bounded_gate(p) is bounded
+    plan = plan_kda(p, H200_SMS)
+    assert plan.prep_smem >= prepare_smem_bytes(128, C, bounded)
+
+
+def test_state_layouts():
+    a = good(B=2, K=64)
+    a.update(initial_state=arr((2, 4, 64, 64), "float32"), state_v_first=False)
+    assert check(**a).v_first is False
+    a["state_v_first"] = True
+    assert check(**a).v_first is True
+
+
+@pytest.mark.parametrize("P", [2, 3, 16])
+def test_a_state_pool_of_any_rows_is_accepted(P):
+    """state_indices picks each sequence's row of a pool [P, ...] (rows >= P read as padding)."""
+    a = good(B=1)
+    a.update(cu_seqlens=arr((4,), "int32"), initial_state=arr((P, 4, 128, 128), "bfloat16"),
+             state_indices=arr((3,), "int64"), has_initial_state=arr((3,), "bool"))
+    p = check(**a)
+    assert (p.n_seq, p.pool_rows, p.state_dtype) == (3, P, "bfloat16")
 
 
 def test_host_arrays_are_refused_by_name():
     z = np.zeros((1, 4, 1, 64), np.float32)
     with pytest.raises(TypeError, match="q must be a GPU array"):
         pykda.chunk_kda(z, z, z, z, np.zeros((1, 4, 1), np.float32), A_log=np.zeros(1, np.float32),
-                        dt_bias=np.zeros((1, 64), np.float32))
+                        dt_bias=np.zeros((1, 64), np.float32), **SAFE_GATE_FLAGS._asdict())
+    a = good()
+    a.update(initial_state=arr((2, 4, 128, 128), "float32"), state_indices=np.zeros(1, np.int32))
+    with pytest.raises(TypeError, match="state_indices must be a GPU array"):
+        pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a))
 
 
 # ---- planning ----
@@ -183,7 +424,7 @@ H200_SMS = 132
     (2, 100, 2, 64, 2, False, 1),
 ])
 def test_plan_splits_v_to_fill_the_gpu(B, T, H, K, N, varlen, warps):
-    p = KdaProblem(B, T, H, K, N, varlen, 16, "float32")
+    p = problem(B, T, H, K, N, varlen)
     plan = plan_kda(p, H200_SMS)
     assert plan.warps == warps and plan.v_split == 16 * warps and K % plan.v_split == 0
     ctas = N * H * (K // plan.v_split)
@@ -193,17 +434,17 @@ def test_plan_splits_v_to_fill_the_gpu(B, T, H, K, N, varlen, warps):
 @pytest.mark.parametrize("lengths, C", [([1, 15, 16, 17, 0, 1000, 4099], 16), ([0, 0, 1], 32), ([33] * 9, 16)])
 def test_chunk_slots_bound_the_varlen_chunk_count(lengths, C):
     T = sum(lengths)
-    plan = plan_kda(KdaProblem(1, T, 2, 128, len(lengths), True, C, "float32"), H200_SMS)
+    plan = plan_kda(problem(1, T, 2, 128, len(lengths), True, C), H200_SMS)
     assert plan.chunk_slots >= sum(-(-n // C) for n in lengths)
 
 
 def test_fixed_batch_slots_are_exact():
-    plan = plan_kda(KdaProblem(3, 33, 2, 64, 3, False, 16, "float32"), H200_SMS)
+    plan = plan_kda(problem(3, 33, 2, 64, 3, False), H200_SMS)
     assert plan.chunk_slots == 3 * 3
 
 
 def test_plan_overrides_are_checked():
-    p = KdaProblem(1, 100, 2, 64, 1, False, 16, "float32")
+    p = problem(1, 100, 2, 64, 1, False)
     assert plan_kda(p, H200_SMS, warps=4, stages=2).stages == 2
     with pytest.raises(ValueError, match="warps"):
         plan_kda(p, H200_SMS, warps=8)
@@ -213,7 +454,7 @@ def test_shared_memory_fits_an_h200_block():
     for K in (64, 128):
         for C in (16, 32):
             assert record_bytes(K, C) % 16 == 0
-            assert prepare_smem_bytes(K, C) <= 227 * 1024
+            assert prepare_smem_bytes(K, C, True) < prepare_smem_bytes(K, C, False) <= 227 * 1024
             for w in (1, 2, 4, 8):
                 stages = 4 if C == 16 else 3
                 assert recurrence_smem_bytes(K, C, w, stages) <= 227 * 1024
@@ -225,17 +466,24 @@ def test_kda_family_is_registered():
     assert templates == {"kda_prepare", "kda_recurrence"}
     rec = [s.param_dict for s in specs if s.template == "kda_recurrence"]
     assert {(r["K"], r["C"], r["WARPS"]) for r in rec} >= {(128, 16, w) for w in (1, 2, 4, 8)}
+    assert {r["VFIRST"] for r in rec} == {False, True}
+    prep = [s.param_dict for s in specs if s.template == "kda_prepare"]
+    assert {p["GATE"] for p in prep} == {0, 1, 2} and {p["BETA"] for p in prep} == {0, 1, 2}
+    assert {(p["G_T"], p["BETA_T"]) for p in prep if p["GATE"] == 2} >= {("float", "float"), ("bf16_t", "bf16_t")}
 
 
 # ---- the launch sequence, offline: fake device, workspace and kernels ----
 class _FakeKernel:
-    def __init__(self, name, log):
-        self.name, self.log = name, log
+    def __init__(self, name, spec, log):
+        self.name, self.spec, self.log = name, spec, log
 
     def launch(self, grid, block, args, smem, stream):
         from pykda.runtime.launch import param_layout
         param_layout(args)   # every argument has a kernel parameter type
-        self.log.append((self.name, grid, block, smem, args))
+        self.log.append((self.name, grid, block, smem, args, self.spec))
+
+
+WORKSPACE = 1 << 32
 
 
 @pytest.fixture
@@ -247,8 +495,8 @@ def offline(monkeypatch):
     info = DeviceInfo(0, "fake H200", (9, 0), 132, 232448, 233472, 60 << 20)
     monkeypatch.setattr(runtime, "require_gpu", lambda: None)
     monkeypatch.setattr(runtime, "device_info", lambda i: info)
-    monkeypatch.setattr(runtime, "workspace", lambda d, s, n: 1 << 32)
-    monkeypatch.setattr(runtime, "get_kernel", lambda spec, dev, name: _FakeKernel(name, log))
+    monkeypatch.setattr(runtime, "workspace", lambda ref, stream, nbytes, zeroed=0: (object(), WORKSPACE))
+    monkeypatch.setattr(runtime, "get_kernel", lambda spec, dev, name: _FakeKernel(name, spec, log))
     monkeypatch.setattr(runtime, "encode_tiled", lambda *a, **k: bytes(128))
     monkeypatch.setattr(kda, "as_device_array", lambda x, name: x)
     monkeypatch.setattr(kda, "launch_stream", lambda ref, stream=None: 0)
@@ -266,7 +514,8 @@ def test_launch_sequence_offline(offline, varlen, state):
     cu = arr((N + 1,), "int64") if varlen else None
     s0 = arr((N, H, K, K), state) if state else None
     o, fs = pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], A_log=a["A_log"], dt_bias=a["dt_bias"],
-                            initial_state=s0, output_final_state=state is not None, cu_seqlens=cu)
+                            **SAFE_GATE_FLAGS._asdict(), state_v_first=True, initial_state=s0,
+                            output_final_state=state is not None, cu_seqlens=cu)
     names = [entry[0] for entry in offline]
     assert names == (["kda_chunk_offsets"] if varlen else []) + ["kda_prepare", "kda_recurrence"]
     prep, rec = offline[-2], offline[-1]
@@ -277,3 +526,75 @@ def test_launch_sequence_offline(offline, varlen, state):
     assert (fs is None) == (state is None)
     if state:
         assert fs.dtype == state and tuple(fs.shape) == (N, H, K, K)
+
+
+def _prepare_args(entry):
+    """kda_prepare's A_log and dt_bias pointers and its lower_bound (after q, k, g, beta's
+    pointer and 3 strides each)."""
+    args = entry[4]
+    return args[16], args[17], float(args[-3])
+
+
+@pytest.mark.parametrize("flags, gate_args, template, lower_bound", [
+    (SAFE_GATE_FLAGS, True, dict(GATE=0, BETA=0, NORM=True), -5.0),
+    (SOFTPLUS_FLAGS, True, dict(GATE=1, BETA=0, NORM=True), 0.0),
+    (SOFTPLUS_FLAGS._replace(allow_neg_eigval=True), True, dict(GATE=1, BETA=1, NORM=True), 0.0),
+    (PRECOMPUTED_FLAGS, False, dict(GATE=2, BETA=2, NORM=True, G_T="float", BETA_T="float"), 0.0),
+])
+def test_gate_modes_reach_the_kernels_offline(offline, flags, gate_args, template, lower_bound):
+    """The variant is compiled into kda_prepare (template parameters) and A_log, dt_bias and
+    lower_bound are passed only where the gate reads them."""
+    a = good(B=2)
+    if not gate_args:
+        a.update(g=arr((2, 100, 4, 128), "float32"), beta=arr((2, 100, 4), "float32"))
+    A_log = arr((1, 1, 4, 1), "float32", ptr=BASE * 3) if gate_args else None
+    dt_bias = arr((4, 128), "float32", ptr=BASE * 4) if gate_args else None
+    pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **flags._asdict(), A_log=A_log, dt_bias=dt_bias)
+    prep = next(e for e in offline if e[0] == "kda_prepare")
+    params = prep[5].param_dict
+    assert {n: params[n] for n in template} == template
+    assert params["BOUNDED"] is (flags.lower_bound is not None)   # chunk_size 16, lower_bound -5
+    assert _prepare_args(prep) == ((BASE * 3, BASE * 4) if gate_args else (0, 0)) + (lower_bound,)
+    rec = offline[-1]
+    assert rec[5].param_dict["VFIRST"] is False   # fla's default layout
+
+
+def _recurrence_states(entry):
+    """kda_recurrence's initial and final state pointers, bf16 flag, index pointer, its int64
+    flag, the pool rows and the has_initial_state pointer (its last 7 arguments)."""
+    return tuple(int(x) for x in entry[4][-7:])
+
+
+@pytest.mark.parametrize("output_final_state", [False, True])
+def test_pool_in_place_offline(offline, output_final_state):
+    """With state_indices the states are read from and written back into the pool's rows: one
+    pointer for both, the indices and the pool's row count passed; the pool is returned only
+    when asked for."""
+    H, K, P = 4, 128, 9
+    a = good(B=1, H=H, K=K)
+    pool = arr((P, H, K, K), "bfloat16", ptr=BASE * 5)
+    idx, hi = arr((3,), "int64", ptr=BASE * 6), arr((3,), "bool", ptr=BASE * 7)
+    o, fs = pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **SOFTPLUS_FLAGS._asdict(),
+                            A_log=a["A_log"], dt_bias=a["dt_bias"], cu_seqlens=arr((4,), "int32"),
+                            initial_state=pool, state_indices=idx, has_initial_state=hi,
+                            output_final_state=output_final_state)
+    rec = offline[-1]
+    assert rec[1][2] == 3   # one CTA row per sequence
+    assert _recurrence_states(rec) == (BASE * 5, BASE * 5, 1, BASE * 6, 1, P, BASE * 7)
+    assert (fs is pool) if output_final_state else (fs is None)
+
+
+def test_contiguous_states_offline(offline):
+    """Without state_indices: the row count is N, no index or has_initial_state pointer, and the
+    final state a new array unless final_state (may be initial_state itself) is given."""
+    a = good(B=2)
+    s0 = arr((2, 4, 128, 128), "float32", ptr=BASE * 5)
+    _, fs = pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **SAFE_GATE_FLAGS._asdict(),
+                            A_log=a["A_log"], dt_bias=a["dt_bias"], initial_state=s0, output_final_state=True)
+    assert _recurrence_states(offline[-1]) == (BASE * 5, BASE * 2, 0, 0, 0, 2, 0)
+    assert fs.ptr == BASE * 2 and tuple(fs.shape) == (2, 4, 128, 128)
+    _, fs = pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **SAFE_GATE_FLAGS._asdict(),
+                            A_log=a["A_log"], dt_bias=a["dt_bias"], initial_state=s0, final_state=s0,
+                            state_v_first=True)
+    assert _recurrence_states(offline[-1])[:2] == (BASE * 5, BASE * 5) and fs is s0
+    assert offline[-1][5].param_dict["VFIRST"] is True

@@ -2,26 +2,50 @@
 import numpy as np
 import pytest
 
-from pykda.ops.kda_decode import (KdaDecodeProblem, check_state_indices, min_ctas, plan_kda_decode, tile_rows,
-                                  validate_kda_decode)
+import pykda
+from pykda.ops import kda_decode
+from pykda.ops.kda_decode import (KdaDecodeProblem, check_state_indices, min_ctas, plan_kda_decode, stage_bytes,
+                                  tile_rows, validate_kda_decode)
+from pykda.ops.kda_variant import SAFE_GATE_FLAGS, KdaFlags, KdaVariant
 from fakes import BASE, device_array as arr
 
+SOFTPLUS_FLAGS = KdaFlags(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True)
+VLLM_FLAGS = KdaFlags(use_qk_l2norm_in_kernel=True)   # vLLM's decode: g precomputed (fp32), beta probabilities
+SAFE = KdaVariant("safe", "logit", True, "bfloat16", "bfloat16", -5.0)
 
 
 def args(B=4, T=1, H=8, K=128, P=16, state_dtype="float32", **over):
     a = dict(q=arr((B, T, H, K)), k=arr((B, T, H, K)), v=arr((B, T, H, K)), g=arr((B, T, H, K)),
              beta=arr((B, T, H)), A_log=arr((H,), "float32"), dt_bias=arr((H, K), "float32"),
-             state=arr((P, H, K, K), state_dtype), state_indices=arr((B,), "int32"), cu_seqlens=None, out=None)
+             state=arr((P, H, K, K), state_dtype), state_indices=arr((B,), "int32"), cu_seqlens=None, out=None,
+             flags=SAFE_GATE_FLAGS, state_v_first=True)
     a.update(over)
     return a
+
+
+def problem(B, H, dim, pool, state_dtype, variant=SAFE):
+    return KdaDecodeProblem(B, 1, H, dim, B, pool, state_dtype, "int32", "int32", variant)
 
 
 def test_valid_problem_is_described():
     p = validate_kda_decode(**args())
     assert (p.batch, p.tokens, p.heads, p.dim, p.sequences, p.pool_rows) == (4, 1, 8, 128, 4, 16)
+    assert p.variant == SAFE
     p = validate_kda_decode(**args(B=1, T=9, cu_seqlens=arr((4,), "int64"), state_indices=arr((3,), "int64"),
                                    dt_bias=arr((8 * 128,), "float32"), state_dtype="bfloat16"))
     assert (p.sequences, p.cu_dtype, p.index_dtype, p.state_dtype) == (3, "int64", "int64", "bfloat16")
+
+
+def test_gate_modes_are_accepted():
+    """Kimi Linear's softplus gate with A_log [1, 1, H, 1]; vLLM's form: fp32 g (the log-decay)
+    and fp32 beta (probabilities), no A_log or dt_bias."""
+    p = validate_kda_decode(**args(flags=SOFTPLUS_FLAGS, A_log=arr((1, 1, 8, 1), "float32")))
+    assert p.variant == KdaVariant("softplus", "logit", True, "bfloat16", "bfloat16", 0.0)
+    p = validate_kda_decode(**args(flags=VLLM_FLAGS, A_log=None, dt_bias=None, g=arr((4, 1, 8, 128), "float32"),
+                                   beta=arr((4, 1, 8), "float32")))
+    assert p.variant == KdaVariant("none", "prob", True, "float32", "float32", 0.0)
+    p = validate_kda_decode(**args(flags=VLLM_FLAGS, A_log=None, dt_bias=None, beta=arr((4, 1, 8), "float32")))
+    assert (p.variant.g_dtype, p.variant.beta_dtype) == ("bfloat16", "float32")
 
 
 @pytest.mark.parametrize("over, exc, message", [
@@ -30,6 +54,7 @@ def test_valid_problem_is_described():
     (dict(state=None), ValueError, "initial_state .* is required"),
     (dict(state_indices=arr((4,), "float32")), TypeError, "state_indices must have dtype int32 or int64"),
     (dict(state_indices=arr((5,), "int32")), ValueError, "state_indices must have shape"),
+    (dict(state_indices=arr((4, 1), "int32")), ValueError, r"state_indices must have shape .*; got \(4, 1\)"),
     (dict(q=arr((4, 0, 8, 128)), k=arr((4, 0, 8, 128)), v=arr((4, 0, 8, 128)), g=arr((4, 0, 8, 128)),
           beta=arr((4, 0, 8))), ValueError, "at least one token"),
     (dict(q=arr((2, 2 ** 30, 8, 128)), k=arr((2, 2 ** 30, 8, 128)), v=arr((2, 2 ** 30, 8, 128)),
@@ -38,9 +63,23 @@ def test_valid_problem_is_described():
     (dict(q=arr((4, 1, 8, 96))), ValueError, r"head dim K must be one of \(64, 128\); got 96"),
     (dict(q=arr((4, 1, 8, 128), "float16")), TypeError, "q must have dtype bfloat16"),
     (dict(k=arr((4, 1, 8, 64))), ValueError, "k must have shape"),
+    (dict(v=arr((4, 1, 16, 128))), ValueError, r"v has 16 heads and q 8: grouped value heads \(HV > H\) are not supported"),
     (dict(beta=arr((4, 1, 8, 1))), ValueError, "beta must be 3-D"),
+    (dict(g=arr((4, 1, 8, 128), "float16")), TypeError, "g must have dtype bfloat16 or float32; got float16"),
+    (dict(beta=arr((4, 1, 8), "float16")), TypeError, "beta must have dtype bfloat16 or float32; got float16"),
     (dict(A_log=arr((8,), "bfloat16")), TypeError, "A_log must have dtype float32"),
-    (dict(dt_bias=arr((8, 64), "float32")), ValueError, "dt_bias must have shape"),
+    (dict(A_log=arr((1, 1, 9, 1), "float32")), ValueError, r"A_log must hold H = 8 elements"),
+    (dict(dt_bias=arr((8, 64), "float32")), ValueError, r"dt_bias must hold H\*K = 1024 elements"),
+    (dict(dt_bias=arr((8, 128), "bfloat16")), TypeError, "dt_bias must have dtype float32"),
+    (dict(flags=VLLM_FLAGS, dt_bias=None), ValueError, "A_log is given but use_gate_in_kernel=False"),
+    (dict(flags=VLLM_FLAGS, A_log=None), ValueError, "dt_bias is given but use_gate_in_kernel=False"),
+    (dict(flags=SOFTPLUS_FLAGS, A_log=None), ValueError, "use_gate_in_kernel=True without lower_bound .* needs A_log"),
+    (dict(flags=SAFE_GATE_FLAGS._replace(lower_bound=None)), ValueError,
+     "safe_gate=True with use_gate_in_kernel=True needs lower_bound"),
+    (dict(flags=SAFE_GATE_FLAGS._replace(lower_bound=1.0)), ValueError, "lower_bound must be finite and <= 0"),
+    (dict(flags=SAFE_GATE_FLAGS._replace(use_beta_sigmoid_in_kernel=False, allow_neg_eigval=True)), ValueError,
+     "allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True"),
+    (dict(state_v_first=False), ValueError, "state_v_first=True"),
     (dict(cu_seqlens=arr((3,), "int32")), ValueError, "batch size must be 1"),
     (dict(state_indices=None, state=arr((2, 8, 128, 128))), ValueError, "needs at least 4 rows"),
     (dict(q=arr((4, 1, 8, 128), ptr=BASE + 2)), ValueError, "q must start at a 16-byte aligned address"),
@@ -54,6 +93,67 @@ def test_bad_input_names_the_argument(over, exc, message):
         validate_kda_decode(**args(**over))
 
 
+@pytest.fixture
+def no_launch(monkeypatch):
+    """A call that gets past validation fails the test: nothing may reach the GPU."""
+    def launched(*a, **k):
+        raise AssertionError("validation let the call through to the kernel")
+    monkeypatch.setattr(kda_decode.runtime, "require_gpu", launched)
+    monkeypatch.setattr(kda_decode, "_kernel_for", launched)
+    monkeypatch.setattr(kda_decode, "PREPARED", kda_decode.Memo(kda_decode.PREPARED.make))
+
+
+def _call(a, **kw):
+    return pykda.fused_recurrent_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], A_log=a["A_log"],
+                                     dt_bias=a["dt_bias"], initial_state=a["state"], state_indices=a["state_indices"],
+                                     **kw)
+
+
+@pytest.mark.parametrize("kw, exc, message", [
+    (dict(**SAFE_GATE_FLAGS._asdict()), ValueError, "fla's default \\[P, H, K, V\\] is not supported in decode"),
+    (dict(**SAFE_GATE_FLAGS._asdict(), state_v_first=False), ValueError, "pass state_v_first=True"),
+    (dict(state_v_first=True), ValueError, "A_log is given but use_gate_in_kernel=False"),   # fla's defaults
+    (dict(**SOFTPLUS_FLAGS._replace(safe_gate=True)._asdict(), state_v_first=True), ValueError, "safe_gate=True .* needs lower_bound"),
+])
+def test_fused_recurrent_kda_refuses_before_any_launch(no_launch, kw, exc, message):
+    with pytest.raises(exc, match=message):
+        _call(args(), **kw)
+
+
+@pytest.fixture
+def fake_launch(monkeypatch):
+    """fused_recurrent_kda past validation with the kernel stubbed: each launch's problem,
+    arguments and stream are recorded."""
+    launches = []
+    plan = kda_decode.KdaDecodePlan(rpt=8, stages=3, n_tiles=16, grid=16, smem=1024)
+    monkeypatch.setattr(kda_decode.runtime, "require_gpu", lambda: None)
+    monkeypatch.setattr(kda_decode, "_kernel_for", lambda p, dev, rpt, stages: (
+        plan, lambda config, launch_args, stream: launches.append((p, launch_args, stream)), None))
+    monkeypatch.setattr(kda_decode, "PREPARED", kda_decode.Memo(kda_decode.PREPARED.make))
+    return launches
+
+
+@pytest.mark.parametrize("output_final_state", [False, True])
+@pytest.mark.parametrize("mode", ["safe", "softplus", "vllm"])
+def test_decode_returns_the_output_and_the_pool(fake_launch, mode, output_final_state):
+    """(o, pool if output_final_state else None); the gate's arrays and lower_bound are passed
+    only where the gate reads them."""
+    flags = {"safe": SAFE_GATE_FLAGS, "softplus": SOFTPLUS_FLAGS, "vllm": VLLM_FLAGS}[mode]
+    gate = mode != "vllm"
+    a = args(A_log=arr((1, 1, 8, 1), "float32", ptr=BASE * 3) if gate else None,
+             dt_bias=arr((8 * 128,), "float32", ptr=BASE * 4) if gate else None,
+             g=arr((4, 1, 8, 128), "bfloat16" if gate else "float32"),
+             beta=arr((4, 1, 8), "bfloat16" if gate else "float32"), state=arr((16, 8, 128, 128), ptr=BASE * 5))
+    out = arr((4, 1, 8, 128), ptr=BASE * 2)
+    o, pool = _call(a, **flags._asdict(), state_v_first=True, out=out, stream=7, output_final_state=output_final_state)
+    assert o is out
+    assert (pool is a["state"]) if output_final_state else (pool is None)
+    ((p, launch_args, stream),) = fake_launch
+    assert stream == 7 and p.variant.gate == {"vllm": "none"}.get(mode, mode)
+    assert launch_args[6:9] == ((BASE * 3, BASE * 4) if gate else (0, 0)) + (BASE * 5,)
+    assert launch_args[-2] == (-5.0 if mode == "safe" else 0.0)
+
+
 def test_index_values_checked_on_request():
     check_state_indices(np.array([3, -1, 0, 7]), 8)
     with pytest.raises(ValueError, match="state_indices holds 8, out of range for a pool of 8 rows"):
@@ -65,7 +165,7 @@ def test_index_values_checked_on_request():
 @pytest.mark.parametrize("state, dim", [("float32", 128), ("float32", 64), ("bfloat16", 128), ("bfloat16", 64)])
 def test_plan_fills_the_gpu_and_tiles_v(state, dim):
     for batch in (1, 8, 64, 256):
-        p = KdaDecodeProblem(batch, 1, 32, dim, batch, batch, state, "int32", "int32")
+        p = problem(batch, 32, dim, batch, state)
         plan = plan_kda_decode(p, 132, 233472)
         rows = tile_rows(p, plan.rpt)
         assert dim % rows == 0 and plan.n_tiles == batch * 32 * dim // rows
@@ -76,12 +176,20 @@ def test_plan_fills_the_gpu_and_tiles_v(state, dim):
         bigger = 2 * plan.rpt
         assert bigger > 8 or tile_rows(p, bigger) > dim or batch * 32 * dim // tile_rows(p, bigger) < 132 // 4, \
             "the largest such tiles"
-    p = KdaDecodeProblem(1, 1, 2, 128, 1, 1, "float32", "int32", "int32")
+    p = problem(1, 2, 128, 1, "float32")
     assert plan_kda_decode(p, 132, 233472).n_tiles >= 132 // 4, "few heads: smaller tiles reach more SMs"
 
 
+def test_fp32_g_rides_the_ring_in_fp32():
+    """A stage holds each staged token's g row: 4 bytes an element when g is fp32 (vLLM's form)."""
+    bf = problem(1, 32, 128, 1, "float32")
+    f32 = problem(1, 32, 128, 1, "float32", KdaVariant("none", "prob", True, "float32", "float32", 0.0))
+    assert stage_bytes(f32, 8) - stage_bytes(bf, 8) == 128 * 2   # one staged token, 128 elements
+    assert plan_kda_decode(f32, 132, 233472).stages == 3
+
+
 def test_plan_overrides_are_checked():
-    p = KdaDecodeProblem(1, 1, 32, 64, 1, 1, "bfloat16", "int32", "int32")
+    p = problem(1, 32, 64, 1, "bfloat16")
     assert plan_kda_decode(p, 132, 233472, rpt=2, stages=3).stages == 3
     with pytest.raises(ValueError, match="rows_per_thread"):
         plan_kda_decode(p, 132, 233472, rpt=8)   # 128 rows > 64

@@ -1,6 +1,17 @@
 """`python -m pykda bench kda`: KDA prefill (chunk_kda) vs FlashKDA and fla's Triton chunk_kda
 (FLA_FLASH_KDA=0), same inputs, one run: ms (cold L2, CUDA events, medians), speedups, % of
-the memory floor; then an accuracy table against the float64 recurrent reference."""
+the memory floor; then an accuracy table against the float64 recurrent reference.
+
+Gate modes (column "gate"), q/k L2-normalised and β = sigmoid(beta) in the kernels in both:
+"softplus" is Kimi Linear's `-exp(A_log) · softplus(g + dt_bias)` (use_gate_in_kernel=True, no
+lower_bound); "safe" is `lower_bound · sigmoid(exp(A_log) · (g + dt_bias))` with lower_bound -5
+(safe_gate=True). pykda runs every shape in both; FlashKDA only has the bounded gate (its
+softplus cells say so); fla is timed with the softplus gate, on FLA_SHAPES. States are V-first
+[N, H, V, K] fp32 for every op (`state_v_first=True`).
+
+The "pool" row repeats one shape (POOL_SHAPE) with the states read from and written back into
+rows of a pool larger than N (`initial_state=pool, state_indices=idx`), beside the contiguous
+`initial_state` call of the same shape timed in the same row."""
 from __future__ import annotations
 
 import os
@@ -9,6 +20,7 @@ import numpy as np
 
 from .. import reference
 from ..ops.kda import chunk_kda
+from ..ops.kda_variant import SAFE_GATE_FLAGS
 from . import timing
 
 D = 128
@@ -21,6 +33,17 @@ SHAPES = [
     (8, [131072], False), (4, [262144], False),
 ]
 FLA_SHAPES = {0}   # fla autotunes ~90 s per new shape: time it on these only
+GATES = ("softplus", "safe")
+# chunk_kda's keywords of each gate mode (fla's names)
+FLAGS = {"softplus": dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True),
+         "safe": dict(SAFE_GATE_FLAGS._asdict(), lower_bound=LOWER_BOUND)}
+# the float64 reference's gate of each mode
+REFERENCE = {"softplus": dict(gate="softplus"), "safe": dict(gate="safe", lower_bound=LOWER_BOUND)}
+PEER_GATES = {"flashkda": ("safe",), "fla": ("softplus",)}   # the gate modes each peer is run with
+UNBOUNDED = "cannot run (unbounded gate)"
+POOL_SHAPE = (64, [1300, 547, 2048, 963, 271, 3063])   # the "pool in place" row (run in --quick too)
+POOL_ROWS_PER_SEQUENCE = 8                             # the pool holds 8 N rows
+POOL_GATE = "softplus"
 
 
 def _inputs(H, lengths, with_state, seed=0):
@@ -53,17 +76,17 @@ def _peers():
     return peers
 
 
-def _runners(x, params, cu, h0, peers):
-    """name -> (callable returning (out, final_state))."""
+def _runners(x, params, cu, h0, peers, gate="softplus"):
+    """name -> (callable returning (out, final_state)) in gate mode `gate`; a peer that does
+    not run that mode is left out."""
     import torch
     H = x["q"].shape[2]
     N = 1 if cu is None else cu.numel() - 1
     seq = [x[n] for n in ("q", "k", "v", "g", "beta")]
     fs_ours = torch.empty(N, H, D, D, device="cuda") if h0 is not None else None
-    run = {"pykda": lambda: chunk_kda(*seq, **params, lower_bound=LOWER_BOUND, initial_state=h0,
-                                      output_final_state=h0 is not None, final_state=fs_ours,
-                                      cu_seqlens=cu)}
-    if "flashkda" in peers:
+    run = {"pykda": lambda: chunk_kda(*seq, **params, **FLAGS[gate], state_v_first=True, initial_state=h0,
+                                      output_final_state=h0 is not None, final_state=fs_ours, cu_seqlens=cu)}
+    if "flashkda" in peers and gate in PEER_GATES["flashkda"]:
         out = torch.empty_like(x["v"])
         fs = torch.empty(N, H, D, D, device="cuda") if h0 is not None else None
 
@@ -72,15 +95,23 @@ def _runners(x, params, cu, h0, peers):
                                   initial_state=h0, final_state=fs, cu_seqlens=cu)
             return out, fs
         run["flashkda"] = flashkda
-    if "fla" in peers:
+    if "fla" in peers and gate in PEER_GATES["fla"]:
         def fla():
             return peers["fla"](*seq, scale=D ** -0.5, initial_state=h0, output_final_state=h0 is not None,
-                                use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-                                use_beta_sigmoid_in_kernel=True, lower_bound=LOWER_BOUND,
-                                A_log=params["A_log"], dt_bias=params["dt_bias"].flatten(),
+                                **FLAGS[gate], A_log=params["A_log"], dt_bias=params["dt_bias"].flatten(),
                                 state_v_first=True, cu_seqlens=cu)
         run["fla"] = fla
     return run
+
+
+def _time(row, name, fn, timer):
+    """row[name] = median ms of fn (cold L2); an exception as row[name + "_error"]."""
+    try:
+        fn()
+        row[name] = timer.median_us(fn, warmup=3, repeats=20) / 1e3
+    except Exception as exc:
+        row[name] = None
+        row[name + "_error"] = f"{type(exc).__name__}: {exc}"[:200]
 
 
 def run(args):
@@ -89,57 +120,127 @@ def run(args):
     peers = _peers()
     rows = []
     shapes = SHAPES[:3] if args.quick else SHAPES
+    if args.quick:
+        shapes = shapes + [(H, lengths, True) for H, lengths in [POOL_SHAPE]]
     for i, (H, lengths, with_state) in enumerate(shapes):
         x, params, cu, h0 = _inputs(H, lengths, with_state)
-        runners = _runners(x, params, cu, h0, peers if i in FLA_SHAPES else
-                           {k: v for k, v in peers.items() if k != "fla"})
         T, N = sum(lengths), len(lengths)
         floor_bytes = 5 * T * H * D * 2 + (2 * N * H * D * D * 4 if with_state else 0)
-        row = dict(H=H, T=T, N=N, state=with_state, floor_ms=floor_bytes / (copy_tbs * 1e12) * 1e3)
-        for name, fn in runners.items():
-            try:
-                fn()
-                row[name] = timer.median_us(fn, warmup=3, repeats=20) / 1e3
-            except Exception as exc:
-                row[name] = None
-                row[name + "_error"] = f"{type(exc).__name__}: {exc}"[:200]
-        rows.append(row)
-        del x, params, cu, h0, runners
+        floor_ms = floor_bytes / (copy_tbs * 1e12) * 1e3
+        for gate in GATES:
+            timed = {k: v for k, v in peers.items() if k != "fla" or i in FLA_SHAPES}
+            row = dict(H=H, T=T, N=N, state=with_state, gate=gate, floor_ms=floor_ms)
+            if "flashkda" in peers and gate not in PEER_GATES["flashkda"]:
+                row["flashkda"], row["flashkda_error"] = None, UNBOUNDED
+            for name, fn in _runners(x, params, cu, h0, timed, gate).items():
+                _time(row, name, fn, timer)
+            rows.append(row)
+        if (H, lengths) == POOL_SHAPE and with_state:
+            rows.append(_pool_row(x, params, cu, h0, timer, floor_ms))
+        del x, params, cu, h0
         torch.cuda.empty_cache()
     accuracy = _accuracy(peers)
     _print(rows, accuracy)
     return {"timing": rows, "accuracy": accuracy}
 
 
+def _pool_row(x, params, cu, h0, timer, floor_ms, gate=POOL_GATE) -> dict:
+    """chunk_kda with the states in rows of a pool of 8 N rows (`initial_state=pool,
+    state_indices=idx`, final states written back into those rows) vs the contiguous call
+    (`initial_state=h0`, `final_state=` a buffer of its own): same inputs, same state bytes
+    read and written, both timed here. One pooled call is checked against the contiguous
+    call first (outputs, the updated rows, the rows of no sequence untouched)."""
+    import torch
+    N, H = h0.shape[:2]
+    T = x["q"].shape[1]
+    P = POOL_ROWS_PER_SEQUENCE * N
+    g = torch.Generator(device="cuda").manual_seed(2)
+    idx = torch.randperm(P, generator=g, device="cuda")[:N].to(torch.int32)
+    rows = idx.long()
+    pool = 0.05 * torch.randn(P, H, D, D, generator=g, device="cuda")
+    pool[rows] = h0
+    seq = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    flags = dict(FLAGS[gate], state_v_first=True, cu_seqlens=cu, **params)
+    fs = torch.empty_like(h0)
+    contiguous = lambda: chunk_kda(*seq, **flags, initial_state=h0, final_state=fs)   # noqa: E731
+    pooled = lambda: chunk_kda(*seq, **flags, initial_state=pool, state_indices=idx)   # noqa: E731
+    row = dict(H=H, T=T, N=N, state="pool", gate=gate, floor_ms=floor_ms, pool_rows=P)
+    try:
+        before = pool.clone()
+        o_c, s_c = contiguous()
+        o_p, returned = pooled()
+        f64 = lambda t: t.double().cpu().numpy()   # noqa: E731
+        others = torch.ones(P, dtype=torch.bool, device="cuda")
+        others[rows] = False
+        row.update(out_diff=reference.relative_error(f64(o_p), f64(o_c)),
+                   state_diff=reference.relative_error(f64(pool[rows]), f64(s_c)),
+                   others_untouched=bool(torch.equal(pool[others], before[others])),
+                   final_none=returned is None)   # (o, None) without output_final_state
+    except Exception as exc:
+        row["check_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    _time(row, "contiguous", contiguous, timer)
+    _time(row, "pykda", pooled, timer)
+    return row
+
+
 def _accuracy(peers):
-    """T = 4096, H = 8, one sequence, fp32 initial state 0.05·randn: relative L2 errors."""
+    """T = 4096, H = 8, one sequence, fp32 initial state 0.05·randn: relative L2 errors per gate
+    mode and op (an op that cannot run a mode: its reason)."""
     x, params, cu, h0 = _inputs(8, [4096], True, seed=1)
     f64 = lambda t: t.double().cpu().numpy()
-    o_ref, s_ref = reference.kda_recurrent(*(f64(x[n]) for n in ("q", "k", "v", "g", "beta")),
-                                           A_log=f64(params["A_log"]), dt_bias=f64(params["dt_bias"]),
-                                           lower_bound=LOWER_BOUND, initial_state=f64(h0))
     result = {}
-    for name, fn in _runners(x, params, cu, h0, peers).items():
-        try:
-            o, s = fn()
-            result[name] = dict(out=reference.relative_error(f64(o), o_ref),
-                                state=reference.relative_error(f64(s), s_ref))
-        except Exception as exc:
-            result[name] = dict(error=f"{type(exc).__name__}: {exc}"[:200])
+    for gate in GATES:
+        o_ref, s_ref = reference.kda_recurrent(*(f64(x[n]) for n in ("q", "k", "v", "g", "beta")),
+                                               A_log=f64(params["A_log"]), dt_bias=f64(params["dt_bias"]),
+                                               initial_state=f64(h0), **REFERENCE[gate])
+        result[gate] = {}
+        for name, fn in _runners(x, params, cu, h0, peers, gate).items():
+            try:
+                o, s = fn()
+                result[gate][name] = dict(out=reference.relative_error(f64(o), o_ref),
+                                          state=reference.relative_error(f64(s), s_ref))
+            except Exception as exc:
+                result[gate][name] = dict(error=f"{type(exc).__name__}: {exc}"[:200])
+        if "flashkda" in peers and gate not in PEER_GATES["flashkda"]:
+            result[gate]["flashkda"] = dict(error=UNBOUNDED)
     return result
 
 
+NAMES = ("pykda", "flashkda", "fla")
+WIDTHS = {"pykda": 9, "flashkda": len(UNBOUNDED), "fla": 9}
+
+
+def _cell(r, name) -> str:
+    """A peer's ms, or why it did not run the row's gate, or '-'."""
+    width = WIDTHS[name]
+    if r.get(name):
+        return f"{r[name]:{width}.3f}"
+    return f"{UNBOUNDED if r.get(name + '_error') == UNBOUNDED else '-':>{width}}"
+
+
 def _print(rows, accuracy):
-    names = ["pykda", "flashkda", "fla"]
-    print(f"\n{'H':>3} {'T':>7} {'N':>2} {'state':>5} {'floor ms':>8} " +
-          " ".join(f"{n + ' ms':>11}" for n in names) + f" {'x FlashKDA':>10} {'x fla':>6} {'%floor':>6}")
+    print(f"\n{'H':>3} {'T':>7} {'N':>2} {'state':>5} {'gate':>8} {'floor ms':>8} " +
+          " ".join(f"{n + ' ms':>{WIDTHS[n]}}" for n in NAMES) + f" {'x FlashKDA':>10} {'x fla':>6} {'%floor':>6}")
     for r in rows:
-        cells = " ".join(f"{r[n]:11.3f}" if r.get(n) else f"{'-':>11}" for n in names)
         ours = r.get("pykda")
         ratio = lambda n: f"{r[n] / ours:.2f}" if ours and r.get(n) else "-"
         pct = f"{100 * r['floor_ms'] / ours:.0f}" if ours else "-"
-        print(f"{r['H']:3d} {r['T']:7d} {r['N']:2d} {str(r['state']):>5} {r['floor_ms']:8.3f} {cells} "
-              f"{ratio('flashkda'):>10} {ratio('fla'):>6} {pct:>6}")
-    print("\naccuracy, T=4096 H=8, vs float64 recurrent reference (relative L2):")
-    for name, a in accuracy.items():
-        print(f"  {name:>9}: " + (f"out {a['out']:.2e}  final state {a['state']:.2e}" if "out" in a else a["error"]))
+        print(f"{r['H']:3d} {r['T']:7d} {r['N']:2d} {str(r['state']):>5} {r['gate']:>8} {r['floor_ms']:8.3f} "
+              f"{' '.join(_cell(r, n) for n in NAMES)} {ratio('flashkda'):>10} {ratio('fla'):>6} {pct:>6}")
+    for r in rows:
+        if r["state"] == "pool":
+            ratio = f"{r['pykda'] / r['contiguous']:.2f}" if r.get("pykda") and r.get("contiguous") else "-"
+            ms = lambda v: f"{v:.3f}" if v else "-"   # noqa: E731
+            check = (f"out diff {r['out_diff']:.1e}, state diff {r['state_diff']:.1e}, other rows "
+                     f"{'untouched' if r['others_untouched'] else 'CHANGED'}") if "out_diff" in r else r.get("check_error")
+            print(f"\npool in place (H={r['H']} T={r['T']} N={r['N']}, {r['gate']} gate, pool of {r['pool_rows']} rows): "
+                  f"{ms(r.get('pykda'))} ms vs contiguous initial_state {ms(r.get('contiguous'))} ms (x{ratio}); "
+                  f"vs the contiguous call: {check}")
+    errors = [(r, k, v) for r in rows for k, v in r.items() if k.endswith("_error") and v != UNBOUNDED]
+    for r, k, v in errors:
+        print(f"  H={r['H']} T={r['T']} N={r['N']} {r['gate']} {k}: {v}")
+    print("gate: softplus = Kimi Linear's -exp(A_log)·softplus(g + dt_bias); safe = -5·sigmoid(exp(A_log)·(g + dt_bias))")
+    for gate, ops in accuracy.items():
+        print(f"\naccuracy, {gate} gate, T=4096 H=8, vs float64 recurrent reference (relative L2):")
+        for name, a in ops.items():
+            print(f"  {name:>9}: " + (f"out {a['out']:.2e}  final state {a['state']:.2e}" if "out" in a else a["error"]))

@@ -2,6 +2,13 @@
 same inputs, same work: each sequence reads its pool row (picked by the index array) and writes it
 back in place.
 
+Gate modes (column "gate"), each with the same keywords for both ops: "safe" (pykda's bounded
+gate `lower_bound · sigmoid(exp(A_log) · (g + dt_bias))`, lower_bound -5, β logits), "softplus"
+(Kimi Linear's `-exp(A_log) · softplus(g + dt_bias)`, β logits) and "vllm" (vLLM's decode call:
+its own gate kernel ran before, so g is the fp32 log-decay and beta fp32 probabilities; no A_log or
+dt_bias). q and k are L2-normalised in the kernel in every mode. Every pool shape is timed with
+the safe gate; the other two modes on a few rows (GATE_ROWS).
+
 fla is called on its serving path, `fla.ops.kda.fused_recurrent.fused_recurrent_kda_fwd(...,
 initial_state=pool, ssm_state_indices=idx, inplace_final_state=True)`, the forward vLLM-style
 engines call. (The public `fla.ops.kda.fused_recurrent_kda` takes `ssm_state_indices` and
@@ -25,14 +32,26 @@ import time
 
 from .. import reference
 from ..ops.kda_decode import fused_recurrent_kda
+from ..ops.kda_variant import SAFE_GATE_FLAGS
 from . import settings, timing
 
 BATCHES = (1, 8, 64, 256)
 HEADS = (32, 8)
 POOLS = ("float32", "bfloat16")
-QUICK = (("float32", 32, 1), ("float32", 32, 64), ("float32", 8, 256), ("bfloat16", 32, 64))
+GATES = ("safe", "softplus", "vllm")
+GATE_ROWS = (("float32", 32, 1), ("float32", 32, 64), ("bfloat16", 32, 256))   # of the modes other than "safe"
+QUICK = (("safe", "float32", 32, 1), ("safe", "float32", 32, 64), ("safe", "float32", 8, 256),
+         ("safe", "bfloat16", 32, 64), ("softplus", "float32", 32, 64), ("vllm", "float32", 32, 64))
 D = 128
 LOWER_BOUND = -5.0
+# pykda's keywords of each gate mode (fla's names; decode also needs state_v_first=True)
+FLAGS = {"safe": dict(SAFE_GATE_FLAGS._asdict(), lower_bound=LOWER_BOUND),
+         "softplus": dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True),
+         "vllm": dict(use_qk_l2norm_in_kernel=True)}
+# the float64 reference's gate and β form of each mode
+REFERENCE = {"safe": dict(gate="safe", beta_form="logit", lower_bound=LOWER_BOUND),
+             "softplus": dict(gate="softplus", beta_form="logit"),
+             "vllm": dict(gate="none", beta_form="prob")}
 SERVING = "fused_recurrent_kda_fwd"
 PUBLIC = "fused_recurrent_kda (public: reads rows 0..B-1, writes no state)"
 # fla's forward ends in **kwargs: a misspelt keyword would be dropped silently, so every keyword
@@ -42,14 +61,27 @@ FLA_KEYWORDS = ("A_log", "dt_bias", "initial_state", "scale", "inplace_final_sta
                 "state_v_first")
 
 
-def cases(quick: bool) -> list[tuple[str, int, int]]:
-    """(pool dtype, heads, batch) rows."""
+def cases(quick: bool) -> list[tuple[str, str, int, int]]:
+    """(gate mode, pool dtype, heads, batch) rows."""
     if quick:
         return list(QUICK)
-    return [(pool, H, B) for pool in POOLS for H in HEADS for B in BATCHES]
+    return ([("safe", pool, H, B) for pool in POOLS for H in HEADS for B in BATCHES]
+            + [(gate, pool, H, B) for gate in GATES[1:] for pool, H, B in GATE_ROWS])
 
 
-def _inputs(B, H, pool_dtype):
+def fla_flags(gate: str) -> dict:
+    """fla's keywords for a gate mode: the same values as pykda's, less `safe_gate` (fla's decode
+    has no such parameter: lower_bound alone selects the bounded gate there)."""
+    flags = FLAGS[gate]
+    return dict({n: bool(flags.get(n, False)) for n in ("use_qk_l2norm_in_kernel", "use_gate_in_kernel",
+                                                        "use_beta_sigmoid_in_kernel")},
+                lower_bound=flags.get("lower_bound"))
+
+
+def _inputs(B, H, pool_dtype, gate="safe"):
+    """q, k, v, g, beta (and A_log, dt_bias where the gate is computed in the kernel), the pool
+    [2B, H, V, K] and B distinct rows of it. For "vllm" g is the softplus gate's fp32 log-decay
+    and beta fp32 sigmoid(beta), as vLLM's gate kernel hands them to its decode call."""
     import torch
     g = torch.Generator(device="cuda").manual_seed(B * H)
     rnd = lambda *s: torch.randn(*s, generator=g, device="cuda")   # noqa: E731
@@ -59,11 +91,15 @@ def _inputs(B, H, pool_dtype):
              A_log=torch.log(torch.rand(H, generator=g, device="cuda") * 15 + 1), dt_bias=0.1 * rnd(H * D))
     pool = (0.1 * rnd(2 * B, H, D, D)).to(getattr(torch, pool_dtype))
     idx = torch.randperm(2 * B, device="cuda")[:B].to(torch.int32)
+    if gate == "vllm":
+        A_log, dt_bias = x.pop("A_log"), x.pop("dt_bias")
+        x["g"] = -A_log.exp()[:, None] * torch.nn.functional.softplus(x["g"].float() + dt_bias.view(H, D))
+        x["beta"] = torch.sigmoid(x["beta"].float())
     return x, pool, idx
 
 
 def fla_peer():
-    """(call(x, pool, idx) -> o, label, serving?) for fla, or (None, reason, False).
+    """(call(x, pool, idx, gate="safe") -> o, label, serving?) for fla, or (None, reason, False).
 
     The serving forward where it imports and takes every keyword the bench passes; else the
     public wrapper (not the same work: labelled)."""
@@ -76,11 +112,10 @@ def fla_peer():
     except Exception as exc:
         fwd, why = None, f"{type(exc).__name__}: {exc}"[:200]
     if fwd is not None:
-        def serving(x, pool, idx):
-            o, _ = fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+        def serving(x, pool, idx, gate="safe"):
+            o, _ = fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x.get("A_log"), dt_bias=x.get("dt_bias"),
                        initial_state=pool, scale=D ** -0.5, inplace_final_state=True, ssm_state_indices=idx,
-                       use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
-                       lower_bound=LOWER_BOUND, state_v_first=True)
+                       state_v_first=True, **fla_flags(gate))
             return o
         return serving, SERVING, True
     try:
@@ -88,21 +123,21 @@ def fla_peer():
     except Exception as exc:
         return None, f"fla not importable ({type(exc).__name__}: {exc})"[:200], False
 
-    def fallback(x, pool, idx):
-        o, _ = public(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
-                      initial_state=pool, scale=D ** -0.5, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-                      use_beta_sigmoid_in_kernel=True, lower_bound=LOWER_BOUND, state_v_first=True)
+    def fallback(x, pool, idx, gate="safe"):
+        o, _ = public(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x.get("A_log"), dt_bias=x.get("dt_bias"),
+                      initial_state=pool, scale=D ** -0.5, state_v_first=True, **fla_flags(gate))
         return o
     return fallback, f"{PUBLIC}; the forward: {why}", False
 
 
-def step_error(x, o, before, after, row: int | None, read_row: int) -> float:
-    """Max relative error (vs float64) of sequence 0's output and, where `row` is given, of its
-    updated pool row; `read_row` is the row its initial state was read from."""
+def step_error(x, o, before, after, row: int | None, read_row: int, gate: str = "safe") -> float:
+    """Max relative error (vs float64, gate mode `gate`) of sequence 0's output and, where `row`
+    is given, of its updated pool row; `read_row` is the row its initial state was read from."""
     f64 = lambda t: t.double().cpu().numpy()   # noqa: E731
+    gate_args = {n: f64(x[n]) for n in ("A_log", "dt_bias") if x.get(n) is not None}
     o_ref, s_ref = reference.kda_recurrent(
-        *(f64(x[n][:1]) for n in ("q", "k", "v", "g", "beta")), A_log=f64(x["A_log"]), dt_bias=f64(x["dt_bias"]),
-        lower_bound=LOWER_BOUND, initial_state=f64(before[read_row:read_row + 1]))
+        *(f64(x[n][:1]) for n in ("q", "k", "v", "g", "beta")), **gate_args, **REFERENCE[gate],
+        initial_state=f64(before[read_row:read_row + 1]))
     err = reference.relative_error(f64(o[:1]), o_ref)
     if row is not None:
         err = max(err, reference.relative_error(f64(after[row:row + 1]), s_ref))
@@ -114,13 +149,19 @@ def state_bytes(B: int, H: int, pool) -> int:
     return 2 * B * H * D * D * pool.element_size()
 
 
-def checked_step(x, pool, idx, fn, pool_row_written: bool = True) -> float:
+def checked_step(x, pool, idx, fn, pool_row_written: bool = True, gate: str = "safe") -> float:
     """Run one step `fn` on a saved copy's worth of `pool` and return `step_error` of sequence 0
     (its output, and its pool row where the step writes it in place)."""
     i0 = int(idx[0])
     before = pool.clone()
     o = fn()
-    return step_error(x, o, before, pool, i0 if pool_row_written else None, i0 if pool_row_written else 0)
+    return step_error(x, o, before, pool, i0 if pool_row_written else None, i0 if pool_row_written else 0, gate)
+
+
+def ours_step(x, pool, idx, gate, **kw):
+    """pykda's step in gate mode `gate` on the pool, in place; returns the output."""
+    o, _ = fused_recurrent_kda(**x, **FLAGS[gate], state_v_first=True, initial_state=pool, state_indices=idx, **kw)
+    return o
 
 
 def host_us(fn, n=300, loops=3) -> float:
@@ -175,27 +216,28 @@ def run(args):
     sweep = list(itertools.product(settings(getattr(args, "rows_per_thread", None)),
                                    settings(getattr(args, "stages", None))))
     if sweep != [(None, None)]:
-        rows = [_sweep_row(pool_dtype, H, B, rpt, st, timer, copy_tbs, repeats)
-                for pool_dtype, H, B in cases(quick) for rpt, st in sweep]
+        rows = [_sweep_row(gate, pool_dtype, H, B, rpt, st, timer, copy_tbs, repeats)
+                for gate, pool_dtype, H, B in cases(quick) for rpt, st in sweep]
         _print_sweep(rows)
         return rows
     fla = fla_peer()
     print(f"fla: {fla[1]}")
     rows = []
-    for pool_dtype, H, B in cases(quick):
-        rows.append(_case(pool_dtype, H, B, fla, timer, copy_tbs, repeats, host_n))
+    for gate, pool_dtype, H, B in cases(quick):
+        rows.append(_case(gate, pool_dtype, H, B, fla, timer, copy_tbs, repeats, host_n))
         torch.cuda.empty_cache()
     _print(rows, fla[1])
     return rows
 
 
-def _case(pool_dtype, H, B, fla_entry, timer, copy_tbs, repeats, host_n) -> dict:
-    """One row: ours and fla on the same inputs, each from its own copy of the pool."""
+def _case(gate, pool_dtype, H, B, fla_entry, timer, copy_tbs, repeats, host_n) -> dict:
+    """One row: ours and fla on the same inputs and gate mode, each from its own copy of the pool."""
     fla, fla_label, fla_serving = fla_entry
-    x, pool, idx = _inputs(B, H, pool_dtype)
+    x, pool, idx = _inputs(B, H, pool_dtype, gate)
     nbytes = state_bytes(B, H, pool)
-    ours = lambda: fused_recurrent_kda(**x, initial_state=pool, state_indices=idx)   # noqa: E731
-    row = dict(pool=pool_dtype, H=H, B=B, state_bytes=nbytes, err=checked_step(x, pool, idx, ours), fla=fla_label)
+    ours = lambda: ours_step(x, pool, idx, gate)   # noqa: E731
+    row = dict(gate=gate, pool=pool_dtype, H=H, B=B, state_bytes=nbytes, fla=fla_label,
+               err=checked_step(x, pool, idx, ours, gate=gate))
     _measure(row, "", ours, timer, repeats, host_n)
     copy_us = timer.copy_us(nbytes // 2, repeats=repeats)
     row["copy_us"] = copy_us
@@ -206,23 +248,22 @@ def _case(pool_dtype, H, B, fla_entry, timer, copy_tbs, repeats, host_n) -> dict
     if fla is None:
         return row
     fla_pool = pool.clone()
-    theirs = lambda: fla(x, fla_pool, idx)   # noqa: E731
+    theirs = lambda: fla(x, fla_pool, idx, gate)   # noqa: E731
     try:
-        row["fla_err"] = checked_step(x, fla_pool, idx, theirs, pool_row_written=fla_serving)
+        row["fla_err"] = checked_step(x, fla_pool, idx, theirs, pool_row_written=fla_serving, gate=gate)
         _measure(row, "fla_", theirs, timer, repeats, host_n)
     except Exception as exc:
         row["fla_error"] = f"{type(exc).__name__}: {exc}"[:200]
     return row
 
 
-def _sweep_row(pool_dtype, H, B, rpt, stages, timer, copy_tbs, repeats) -> dict:
+def _sweep_row(gate, pool_dtype, H, B, rpt, stages, timer, copy_tbs, repeats) -> dict:
     """One setting of the template parameters: kernel µs, TB/s and error (an error as text)."""
-    x, pool, idx = _inputs(B, H, pool_dtype)
-    row = dict(pool=pool_dtype, H=H, B=B, rows_per_thread=rpt, stages=stages)
-    ours = lambda: fused_recurrent_kda(**x, initial_state=pool, state_indices=idx,   # noqa: E731
-                                       rows_per_thread=rpt, stages=stages)
+    x, pool, idx = _inputs(B, H, pool_dtype, gate)
+    row = dict(gate=gate, pool=pool_dtype, H=H, B=B, rows_per_thread=rpt, stages=stages)
+    ours = lambda: ours_step(x, pool, idx, gate, rows_per_thread=rpt, stages=stages)   # noqa: E731
     try:
-        row["err"] = checked_step(x, pool, idx, ours)
+        row["err"] = checked_step(x, pool, idx, ours, gate=gate)
         row["us"] = timer.median_us(ours, warmup=10, repeats=repeats)
         row["tbs"] = state_bytes(B, H, pool) / row["us"] / 1e6
         row["pct_copy"] = 100 * row["tbs"] / copy_tbs
@@ -236,10 +277,12 @@ def _setting(value) -> str:
 
 
 def _print_sweep(rows):
-    print(f"{'pool':>8} {'H':>3} {'B':>4} {'rpt':>4} {'stages':>6} {'us':>7} {'TB/s':>5} {'%copy':>5} {'err':>7}")
+    print(f"{'gate':>8} {'pool':>8} {'H':>3} {'B':>4} {'rpt':>4} {'stages':>6} {'us':>7} {'TB/s':>5} {'%copy':>5} "
+          f"{'err':>7}")
     for r in rows:
         g = r.get
-        print(f"{r['pool']:>8} {r['H']:3d} {r['B']:4d} {_setting(r['rows_per_thread']):>4} {_setting(r['stages']):>6} "
+        print(f"{r['gate']:>8} {r['pool']:>8} {r['H']:3d} {r['B']:4d} {_setting(r['rows_per_thread']):>4} "
+              f"{_setting(r['stages']):>6} "
               f"{_cell(g('us'), '.1f', 7)} {_cell(g('tbs'), '.2f', 5)} {_cell(g('pct_copy'), '.0f', 5)} "
               f"{_cell(g('err'), '.1e', 7)} {g('error', '')}")
 
@@ -250,18 +293,21 @@ def _cell(value, fmt, width):
 
 def _print(rows, fla_label):
     print(f"\nfla: {fla_label}")
-    print(f"{'pool':>8} {'H':>3} {'B':>4} {'us':>7} {'host':>6} {'graph':>6} {'TB/s':>5} {'%copy':>5} "
+    print(f"{'gate':>8} {'pool':>8} {'H':>3} {'B':>4} {'us':>7} {'host':>6} {'graph':>6} {'TB/s':>5} {'%copy':>5} "
           f"{'%same':>5} {'err':>7} | {'fla us':>7} {'host':>6} {'graph':>6} {'err':>7} {'x fla':>6}")
     for r in rows:
         g = r.get
         ratio = g("fla_us") / g("us") if g("fla_us") and g("us") else None
-        print(f"{r['pool']:>8} {r['H']:3d} {r['B']:4d} {_cell(g('us'), '.1f', 7)} {_cell(g('host_us'), '.1f', 6)} "
+        print(f"{r['gate']:>8} {r['pool']:>8} {r['H']:3d} {r['B']:4d} {_cell(g('us'), '.1f', 7)} "
+              f"{_cell(g('host_us'), '.1f', 6)} "
               f"{_cell(g('graph_us'), '.1f', 6)} {_cell(g('tbs'), '.2f', 5)} {_cell(g('pct_copy'), '.0f', 5)} "
               f"{_cell(g('pct_same_copy'), '.0f', 5)} {_cell(g('err'), '.1e', 7)} | {_cell(g('fla_us'), '.1f', 7)} "
               f"{_cell(g('fla_host_us'), '.1f', 6)} {_cell(g('fla_graph_us'), '.1f', 6)} "
               f"{_cell(g('fla_err'), '.1e', 7)} {_cell(ratio, '.2f', 6)}")
-    errors = [(r["pool"], r["H"], r["B"], k, v) for r in rows for k, v in r.items() if k.endswith("error")]
-    for pool, H, B, k, v in errors:
-        print(f"  {pool} H={H} B={B} {k}: {v}")
+    errors = [(r["gate"], r["pool"], r["H"], r["B"], k, v) for r in rows for k, v in r.items() if k.endswith("error")]
+    for gate, pool, H, B, k, v in errors:
+        print(f"  {gate} {pool} H={H} B={B} {k}: {v}")
+    print("gate: safe = lower_bound -5 sigmoid gate, softplus = Kimi Linear's, vllm = g precomputed (fp32 log-decay), "
+          "fp32 beta probabilities")
     print("us: kernel (cold L2); host/graph: host µs per call, plain and as a CUDA-graph replay; "
           "%copy: of the 4 GiB copy's TB/s; %same: of a copy of the same bytes")
