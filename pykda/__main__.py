@@ -42,7 +42,8 @@ def cmd_bench(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m pykda", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="run flash decoding on a default problem, checked against the reference")
+    sub.add_parser("demo", help="serve a small hybrid stack (3 KDA : 1 attention layers): prefill, continuous-batching "
+                                  "decode in a CUDA graph, checked against the float64 references")
     c = sub.add_parser("compile", help="compile every registered specialization offline (no GPU needed)")
     c.add_argument("--arch", default="sm_90a")
     c.add_argument("--family", default=None, help="decode, kda_decode (default: all)")

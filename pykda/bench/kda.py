@@ -54,7 +54,11 @@ def _inputs(H, lengths, with_state, seed=0):
     bf = torch.bfloat16
     x = dict(q=rnd(1, T, H, D).to(bf), k=rnd(1, T, H, D).to(bf), v=rnd(1, T, H, D).to(bf),
              g=rnd(1, T, H, D).to(bf), beta=rnd(1, T, H).to(bf))
-    params = dict(A_log=torch.log(torch.rand(H, generator=g, device="cuda") * 15 + 1), dt_bias=0.1 * rnd(H, D))
+    # A_log and dt_bias as Kimi Linear (Mamba2's init) starts them: exp(A_log) in [1, 16], dt_bias the
+    # inverse softplus of dt, log-uniform in [1e-3, 0.1]. With randn g, most chunks' decays then stay
+    # above 2^-120 (kda_prepare's growth-factor form); tests/ and docs/PERFLOG.md cover steeper gates.
+    dt = torch.exp(torch.empty(H, D, device="cuda").uniform_(np.log(1e-3), np.log(0.1), generator=g))
+    params = dict(A_log=torch.log(torch.rand(H, generator=g, device="cuda") * 15 + 1), dt_bias=torch.log(torch.expm1(dt)))
     cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int64, device="cuda") if N > 1 else None
     h0 = 0.05 * rnd(N, H, D, D) if with_state else None
     return x, params, cu, h0
