@@ -1,0 +1,320 @@
+"""pykda's four ops as torch custom ops (namespace ``pykda``), for ``torch.compile`` and CUDA graphs.
+
+Importing this module (``import pykda.torch_ops``, or touching ``pykda.torch_ops``) registers
+``torch.ops.pykda.single_decode_with_kv_cache``, ``batch_decode_with_padded_kv_cache``,
+``chunk_kda`` and ``fused_recurrent_kda``; ``import pykda`` alone never imports torch. Each op
+has a fake (meta) implementation, so ``torch.compile`` traces it without running it (output
+shapes and dtypes from the arguments' shapes, symbolic ones included), and declares the
+arguments it writes in place (``mutates_args``), so functionalization and Inductor keep the
+writes (Inductor calls the op on the buffers themselves, with no copy when nothing else reads
+them). The real implementation is the eager pykda function, which validates the call and
+launches on torch's current stream (the capture stream under ``mode="reduce-overhead"``).
+
+Two ways in, with pykda's keywords:
+
+- ``pykda.torch_ops.chunk_kda(...)`` etc.: thin wrappers that return exactly what the eager
+  functions return (``o`` or ``(o, lse)``; ``(o, final_state | None)``; ``(o, pool | None)``),
+  in place buffers included. Use these in models.
+- ``torch.ops.pykda.<op>(...)``: the raw ops. A custom op cannot return (an alias of) one of
+  its inputs, so every result slot that the eager function fills in place comes back as an
+  EMPTY PLACEHOLDER (0 elements) and the result is in the buffer you passed:
+
+  ===============================  =========================================================
+  op                               returns
+  ===============================  =========================================================
+  single_decode_with_kv_cache      (o, lse): o new [num_qo_heads, head_dim], or a placeholder
+                                   with ``out=`` (read ``out``); lse [num_qo_heads] fp32 with
+                                   ``return_lse=True``, else a placeholder
+  batch_decode_with_padded_kv_cache  the same with a leading batch dim
+  chunk_kda                        (o, final_state): o as above (``out=``); final_state new
+                                   [N, H, K, K] (initial_state's dtype, fp32 without one) only
+                                   with ``output_final_state=True`` and neither ``final_state=``
+                                   nor ``state_indices``; else a placeholder: the final states
+                                   are in ``final_state=`` or, with ``state_indices``, in the
+                                   pool rows of ``initial_state`` (in place)
+  fused_recurrent_kda              o (a placeholder with ``out=``); the pool ``initial_state``
+                                   is always updated in place
+  ===============================  =========================================================
+
+Declared mutations: ``out`` (all ops); ``initial_state`` and ``final_state`` (chunk_kda: the
+pool is written with ``state_indices``, ``final_state`` when given; it may be ``initial_state``
+itself); ``initial_state`` (fused_recurrent_kda, the pool). Under ``mode="reduce-overhead"``
+Inductor records CUDA graphs only when the tensors written in place are static to it: mark
+pools and ``out=`` buffers with ``torch._dynamo.mark_static_address`` (serving engines do this
+for their caches); otherwise it skips the graph ("mutated inputs") and runs the step without one.
+
+Differences from the eager functions, each because an op's arguments are tensors and numbers:
+no ``stream=`` (the ops launch on torch's current stream: ``with torch.cuda.stream(s):``);
+chunk_kda's ``cp_context`` must be None; the wrappers drop chunk_kda's ``cu_seqlens_cpu``,
+which changes nothing in pykda (a CPU tensor in a compiled graph would keep Inductor from
+recording a CUDA graph). Tensor arguments that are keyword-only in the eager functions
+(``state_indices``, ``out``, ...) may also be given by position to the raw ops (their schemas
+keep tensors positional, as ``torch.library.custom_op`` requires); by keyword, calls read the same.
+
+The kernels are forward only: the ops are registered as not differentiable (autograd falls
+through), so their results never require grad, as eager pykda's never do, and a model holding
+``A_log``/``dt_bias`` as parameters compiles without ``no_grad``.
+Eager calls through the ops cost the dispatcher's few microseconds more than pykda's own
+functions; under ``torch.compile`` with CUDA graphs the host cost is the replay's.
+"""
+from typing import Optional, Tuple
+
+try:
+    import torch
+except ImportError as exc:   # pragma: no cover - the module is imported only on request
+    raise ImportError("pykda.torch_ops registers pykda's ops as torch custom ops: it needs torch "
+                      "(pykda itself runs without it)") from exc
+
+from .ops import decode as _decode
+from .ops import kda as _kda
+from .ops import kda_decode as _kda_decode
+
+__all__ = ["single_decode_with_kv_cache", "batch_decode_with_padded_kv_cache", "chunk_kda", "fused_recurrent_kda"]
+
+Tensor = torch.Tensor
+
+
+def _placeholder(q: Tensor) -> Tensor:
+    """The result slot of a buffer written in place: 0 elements (no memory) on q's device."""
+    return q.new_empty((0,))
+
+
+# The ops are defined on a library of their own (torch.library.define's machinery) rather than
+# with the @torch.library.custom_op decorator: custom_op's in-place bookkeeping (its
+# ADInplaceOrView kernel) raises IndexError in torch <= 2.11 when an optional argument it
+# writes is left at its default (pytorch#176078, fixed in #180621), which is every call
+# here without out=. The schema is still inferred from the Python signature (type hints,
+# mutates_args) as custom_op infers it; the kernel is the eager function for every device
+# (a CPU tensor gets pykda's TypeError), the fake implementation serves FakeTensorMode and
+# torch.compile. The kernels are forward only: autograd falls through (torch's way of marking an
+# op not differentiable), so results never require grad, as eager pykda's.
+_LIB = torch.library.Library("pykda", "DEF")
+
+
+def _register(name: str, mutates_args: tuple):
+    """Define `pykda::name` with the decorated function as its kernel; returns the function
+    (with `register_fake` to add the fake implementation)."""
+    def define(fn):
+        _LIB.define(name + torch.library.infer_schema(fn, mutates_args=mutates_args))
+        _LIB.impl(name, fn, "CompositeExplicitAutograd")
+        _LIB.impl(name, torch.library.fallthrough_kernel, "Autograd")   # not differentiable: results never require grad
+        fn.register_fake = lambda fake: torch.library.register_fake(f"pykda::{name}", fake, lib=_LIB)
+        return fn
+    return define
+
+
+# ---------------------------------------------------------------------------------------------
+# flash decoding
+# ---------------------------------------------------------------------------------------------
+
+def _decode_results(q: Tensor, out: Optional[Tensor], return_lse: bool) -> Tuple[Tensor, Tensor]:
+    """Fake results: o and lse of q's rows (o contiguous in q's dtype, lse fp32), placeholders
+    where the call writes `out` or returns no LSE."""
+    o = q.new_empty(q.shape) if out is None else _placeholder(q)
+    lse = q.new_empty(q.shape[:-1], dtype=torch.float32) if return_lse else _placeholder(q)
+    return o, lse
+
+
+def _decode_op(fn, q, k, v, kv_lens, out, kv_layout, scale, return_lse, chunk_size, stages):
+    extra = {} if kv_lens is None else {"kv_lens": kv_lens}
+    r = fn(q, k, v, kv_layout=kv_layout, scale=scale, out=out, return_lse=return_lse, chunk_size=chunk_size,
+           stages=stages, **extra)
+    o, lse = r if return_lse else (r, None)
+    return (o if out is None else _placeholder(q)), (lse if return_lse else _placeholder(q))
+
+
+@_register("single_decode_with_kv_cache", mutates_args=("out",))
+def _single_decode_op(q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor] = None, *, kv_layout: str = "NHD",
+                      scale: Optional[float] = None, return_lse: bool = False, chunk_size: Optional[int] = None,
+                      stages: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+    """pykda.single_decode_with_kv_cache as a torch op: returns (o, lse), each a placeholder
+    (0 elements) where `out` was written or no LSE was asked for."""
+    return _decode_op(_decode.single_decode_with_kv_cache, q, k, v, None, out, kv_layout, scale, return_lse,
+                      chunk_size, stages)
+
+
+@_single_decode_op.register_fake
+def _(q, k, v, out=None, *, kv_layout="NHD", scale=None, return_lse=False, chunk_size=None, stages=None):
+    return _decode_results(q, out, return_lse)
+
+
+@_register("batch_decode_with_padded_kv_cache", mutates_args=("out",))
+def _batch_decode_op(q: Tensor, k: Tensor, v: Tensor, kv_lens: Optional[Tensor] = None, out: Optional[Tensor] = None,
+                     *, kv_layout: str = "NHD", scale: Optional[float] = None, return_lse: bool = False,
+                     chunk_size: Optional[int] = None, stages: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+    """pykda.batch_decode_with_padded_kv_cache as a torch op: returns (o, lse), each a
+    placeholder (0 elements) where `out` was written or no LSE was asked for."""
+    return _decode_op(_decode.batch_decode_with_padded_kv_cache, q, k, v, kv_lens, out, kv_layout, scale,
+                      return_lse, chunk_size, stages)
+
+
+@_batch_decode_op.register_fake
+def _(q, k, v, kv_lens=None, out=None, *, kv_layout="NHD", scale=None, return_lse=False, chunk_size=None,
+      stages=None):
+    return _decode_results(q, out, return_lse)
+
+
+# ---------------------------------------------------------------------------------------------
+# KDA prefill
+# ---------------------------------------------------------------------------------------------
+
+def _new_final_state(output_final_state: bool, state_indices, final_state) -> bool:
+    """chunk_kda returns a new final-state tensor (rather than filling a buffer in place)."""
+    return output_final_state and final_state is None and state_indices is None
+
+
+@_register("chunk_kda", mutates_args=("initial_state", "out", "final_state"))
+def _chunk_kda_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: Optional[float] = None,
+                  initial_state: Optional[Tensor] = None, output_final_state: bool = False,
+                  use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
+                  use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False, safe_gate: bool = False,
+                  lower_bound: Optional[float] = None, state_v_first: bool = False,
+                  cu_seqlens: Optional[Tensor] = None, cu_seqlens_cpu: Optional[Tensor] = None,
+                  A_log: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
+                  state_indices: Optional[Tensor] = None, has_initial_state: Optional[Tensor] = None,
+                  out: Optional[Tensor] = None, final_state: Optional[Tensor] = None, *, chunk_size: int = 16,
+                  warps: Optional[int] = None, stages: Optional[int] = None, disable_recompute: bool = False,
+                  use_graph: bool = False, max_num_seqs: Optional[int] = None,
+                  return_intermediate_states: bool = False) -> Tuple[Tensor, Tensor]:
+    """pykda.chunk_kda as a torch op: returns (o, final_state), each a placeholder (0 elements)
+    where the call writes a buffer in place (`out`; `final_state`, or the pool rows of
+    `initial_state` with `state_indices`) or returns no final state."""
+    o, fs = _kda.chunk_kda(
+        q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+        use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, state_v_first, cu_seqlens,
+        cu_seqlens_cpu, A_log=A_log, dt_bias=dt_bias, state_indices=state_indices,
+        has_initial_state=has_initial_state, out=out, final_state=final_state, chunk_size=chunk_size, warps=warps,
+        stages=stages, disable_recompute=disable_recompute, use_graph=use_graph, max_num_seqs=max_num_seqs,
+        return_intermediate_states=return_intermediate_states)
+    return ((o if out is None else _placeholder(q)),
+            (fs if _new_final_state(output_final_state, state_indices, final_state) else _placeholder(q)))
+
+
+@_chunk_kda_op.register_fake
+def _(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
+      use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False,
+      lower_bound=None, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None, A_log=None, dt_bias=None,
+      state_indices=None, has_initial_state=None, out=None, final_state=None, *, chunk_size=16, warps=None,
+      stages=None, disable_recompute=False, use_graph=False, max_num_seqs=None, return_intermediate_states=False):
+    B, T, H, K = q.shape
+    o = q.new_empty((B, T, H, K), dtype=torch.bfloat16) if out is None else _placeholder(q)
+    if not _new_final_state(output_final_state, state_indices, final_state):
+        return o, _placeholder(q)
+    n = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
+    dtype = initial_state.dtype if initial_state is not None else torch.float32
+    return o, q.new_empty((n, H, K, K), dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# KDA decode
+# ---------------------------------------------------------------------------------------------
+
+@_register("fused_recurrent_kda", mutates_args=("initial_state", "out"))
+def _fused_recurrent_kda_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor] = None,
+                            dt_bias: Optional[Tensor] = None, scale: Optional[float] = None,
+                            initial_state: Optional[Tensor] = None, output_final_state: bool = False,
+                            use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
+                            use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
+                            lower_bound: Optional[float] = None, state_v_first: bool = False,
+                            cu_seqlens: Optional[Tensor] = None, state_indices: Optional[Tensor] = None,
+                            out: Optional[Tensor] = None, *, safe_gate: bool = False, check_indices: bool = False,
+                            rows_per_thread: Optional[int] = None, stages: Optional[int] = None) -> Tensor:
+    """pykda.fused_recurrent_kda as a torch op: updates the pool `initial_state` in place and
+    returns o (a placeholder, 0 elements, with `out`); `output_final_state` changes nothing here
+    (the eager function returns the pool itself: read `initial_state`)."""
+    o, _ = _kda_decode.fused_recurrent_kda(
+        q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+        use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, state_v_first, cu_seqlens,
+        safe_gate=safe_gate, state_indices=state_indices, out=out, check_indices=check_indices,
+        rows_per_thread=rows_per_thread, stages=stages)
+    return o if out is None else _placeholder(q)
+
+
+@_fused_recurrent_kda_op.register_fake
+def _(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None, output_final_state=False,
+      use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+      allow_neg_eigval=False, lower_bound=None, state_v_first=False, cu_seqlens=None, state_indices=None, out=None,
+      *, safe_gate=False, check_indices=False, rows_per_thread=None, stages=None):
+    return torch.empty_like(v, memory_format=torch.contiguous_format) if out is None else _placeholder(q)
+
+
+# the op overloads the wrappers call (what torch.compile records)
+_SINGLE = torch.ops.pykda.single_decode_with_kv_cache.default
+_BATCH = torch.ops.pykda.batch_decode_with_padded_kv_cache.default
+_CHUNK = torch.ops.pykda.chunk_kda.default
+_RECURRENT = torch.ops.pykda.fused_recurrent_kda.default
+
+
+# ---------------------------------------------------------------------------------------------
+# wrappers: pykda's signatures and return values, through the ops
+# ---------------------------------------------------------------------------------------------
+
+def single_decode_with_kv_cache(q, k, v, *, kv_layout: str = "NHD", scale: Optional[float] = None, out=None,
+                                return_lse: bool = False, chunk_size: Optional[int] = None,
+                                stages: Optional[int] = None):
+    """`pykda.single_decode_with_kv_cache` through torch.ops.pykda (traceable by torch.compile);
+    same arguments but `stream` (torch's current stream is used), same results."""
+    o, lse = _SINGLE(q, k, v, out, kv_layout=kv_layout, scale=scale, return_lse=return_lse,
+                     chunk_size=chunk_size, stages=stages)
+    o = o if out is None else out
+    return (o, lse) if return_lse else o
+
+
+def batch_decode_with_padded_kv_cache(q, k, v, *, kv_layout: str = "NHD", kv_lens=None, scale: Optional[float] = None,
+                                      out=None, return_lse: bool = False, chunk_size: Optional[int] = None,
+                                      stages: Optional[int] = None):
+    """`pykda.batch_decode_with_padded_kv_cache` through torch.ops.pykda (traceable by
+    torch.compile); same arguments but `stream` (torch's current stream is used), same results."""
+    o, lse = _BATCH(q, k, v, kv_lens, out, kv_layout=kv_layout, scale=scale, return_lse=return_lse,
+                    chunk_size=chunk_size, stages=stages)
+    o = o if out is None else out
+    return (o, lse) if return_lse else o
+
+
+def chunk_kda(q, k, v, g, beta, scale: Optional[float] = None, initial_state=None, output_final_state: bool = False,
+              use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
+              use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False, safe_gate: bool = False,
+              lower_bound: Optional[float] = None, state_v_first: bool = False, cu_seqlens=None, cu_seqlens_cpu=None,
+              *, A_log=None, dt_bias=None, state_indices=None, has_initial_state=None, out=None, final_state=None,
+              chunk_size: int = 16, warps: Optional[int] = None, stages: Optional[int] = None,
+              disable_recompute: bool = False, use_graph: bool = False, max_num_seqs: Optional[int] = None,
+              return_intermediate_states: bool = False, cp_context=None):
+    """`pykda.chunk_kda` through torch.ops.pykda (traceable by torch.compile); same arguments
+    but `stream` (torch's current stream is used), same results: (o or `out`, the new final
+    state, `final_state`, the pool `initial_state` (with `state_indices` and
+    `output_final_state`) or None). `cu_seqlens_cpu` is dropped (it changes nothing)."""
+    if cp_context is not None:   # not a tensor: cannot cross the op's boundary
+        raise ValueError("cp_context (fla's context parallelism) is not supported by chunk_kda")
+    del cu_seqlens_cpu
+    o, fs = _CHUNK(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                   use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
+                   state_v_first, cu_seqlens, None, A_log, dt_bias, state_indices, has_initial_state, out,
+                   final_state, chunk_size=chunk_size, warps=warps, stages=stages,
+                   disable_recompute=disable_recompute, use_graph=use_graph, max_num_seqs=max_num_seqs,
+                   return_intermediate_states=return_intermediate_states)
+    if out is not None:
+        o = out
+    if state_indices is not None:
+        fs = initial_state if output_final_state else None
+    elif final_state is not None:
+        fs = final_state
+    elif not output_final_state:
+        fs = None
+    return o, fs
+
+
+def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: Optional[float] = None, initial_state=None,
+                        output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
+                        use_gate_in_kernel: bool = False, use_beta_sigmoid_in_kernel: bool = False,
+                        allow_neg_eigval: bool = False, lower_bound: Optional[float] = None,
+                        state_v_first: bool = False, cu_seqlens=None, *, safe_gate: bool = False, state_indices=None,
+                        out=None, check_indices: bool = False, rows_per_thread: Optional[int] = None,
+                        stages: Optional[int] = None):
+    """`pykda.fused_recurrent_kda` through torch.ops.pykda (traceable by torch.compile); same
+    arguments but `stream` (torch's current stream is used), same results: (o or `out`, the
+    pool `initial_state` (updated in place) if `output_final_state` else None)."""
+    o = _RECURRENT(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state,
+                   use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                   lower_bound, state_v_first, cu_seqlens, state_indices, out, safe_gate=safe_gate,
+                   check_indices=check_indices, rows_per_thread=rows_per_thread, stages=stages)
+    return (o if out is None else out), (initial_state if output_final_state else None)
