@@ -23,6 +23,7 @@ __all__ = [
     "softplus",
     "kda_gate",
     "kda_beta",
+    "kda_options",
     "l2_normalize",
     "kda_recurrent",
     "kda_chunked",
@@ -146,6 +147,22 @@ def kda_beta(beta, form="logit"):
     if form == "prob":
         return _f64(beta)
     raise ValueError(f"beta form must be 'logit', 'logit2' or 'prob'; got {form!r}")
+
+
+def kda_options(flags: dict) -> dict:
+    """This module's ``gate``, ``beta_form``, ``qk_norm`` and ``lower_bound`` for a KDA call's
+    fla keywords (``use_gate_in_kernel``, ``lower_bound``, ``use_beta_sigmoid_in_kernel``,
+    ``allow_neg_eigval``, ``use_qk_l2norm_in_kernel``; absent ones at fla's defaults)."""
+    if not flags.get("use_gate_in_kernel"):
+        gate = "none"
+    else:
+        gate = "safe" if flags.get("lower_bound") is not None else "softplus"
+    if flags.get("use_beta_sigmoid_in_kernel"):
+        beta_form = "logit2" if flags.get("allow_neg_eigval") else "logit"
+    else:
+        beta_form = "prob"
+    return dict(gate=gate, beta_form=beta_form, qk_norm=bool(flags.get("use_qk_l2norm_in_kernel")),
+                lower_bound=flags.get("lower_bound"))
 
 
 def l2_normalize(x, eps=1e-6):

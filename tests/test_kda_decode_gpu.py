@@ -35,17 +35,9 @@ def f64(t):
     return t.double().cpu().numpy()
 
 
-def reference_kwargs(flags: dict) -> dict:
-    """reference.kda_recurrent's gate, beta_form and qk_norm for a call's fla flags."""
-    gate = "none" if not flags.get("use_gate_in_kernel") else "safe" if flags.get("lower_bound") is not None else "softplus"
-    beta_form = ("logit2" if flags.get("allow_neg_eigval") else "logit") if flags.get("use_beta_sigmoid_in_kernel") else "prob"
-    return dict(gate=gate, beta_form=beta_form, qk_norm=bool(flags.get("use_qk_l2norm_in_kernel")),
-                lower_bound=flags.get("lower_bound"))
-
-
 def reference_step(x, pool_before, rows, cu=None, flags=SAFE):
     """Reference outputs and new states for sequences whose pool rows are `rows` (-1 = padding)."""
-    ref_kwargs = reference_kwargs(flags)
+    ref_kwargs = reference.kda_options(flags)
     live = [i for i, r in enumerate(rows) if r >= 0]
     o = np.zeros(tuple(x["v"].shape))
     new = {}

@@ -37,21 +37,13 @@ def f64(t):
     return t.double().cpu().numpy()
 
 
-def reference_kwargs(flags: dict) -> dict:
-    """reference.kda_recurrent's gate, beta_form and qk_norm for a call's fla flags."""
-    gate = "none" if not flags.get("use_gate_in_kernel") else "safe" if flags.get("lower_bound") is not None else "softplus"
-    beta_form = ("logit2" if flags.get("allow_neg_eigval") else "logit") if flags.get("use_beta_sigmoid_in_kernel") else "prob"
-    return dict(gate=gate, beta_form=beta_form, qk_norm=bool(flags.get("use_qk_l2norm_in_kernel")),
-                lower_bound=flags.get("lower_bound"))
-
-
 def ref(x, lower_bound, s0=None, cu=None, scale=None, flags=None):
     flags = dict(SAFE, lower_bound=lower_bound) if flags is None else flags
     gate_args = {n: f64(x[n]) for n in ("A_log", "dt_bias") if x.get(n) is not None}
     return reference.kda_recurrent(
         f64(x["q"]), f64(x["k"]), f64(x["v"]), f64(x["g"]), f64(x["beta"]), **gate_args, scale=scale,
         initial_state=None if s0 is None else f64(s0), cu_seqlens=None if cu is None else cu.cpu().numpy(),
-        **reference_kwargs(flags))
+        **reference.kda_options(flags))
 
 
 def rel(out, expected):
@@ -165,7 +157,7 @@ def test_rows_outside_the_sequences_stay_poisoned():
     assert torch.isfinite(out[:, 3:50]).all()
     o_ref = reference.kda_recurrent(*(f64(x[n][:, 3:50]) for n in ("q", "k", "v", "g", "beta")),
                                     A_log=f64(x["A_log"]), dt_bias=f64(x["dt_bias"]),
-                                    cu_seqlens=np.array([0, 17, 17, 47]), **reference_kwargs(SAFE))[0]
+                                    cu_seqlens=np.array([0, 17, 17, 47]), **reference.kda_options(SAFE))[0]
     assert rel(out[:, 3:50], o_ref) <= TOL
 
 

@@ -143,6 +143,14 @@ def test_gate_modes_and_beta_forms():
         ref.kda_beta(b, "softmax")
 
 
+def test_kda_options_follow_fla_keywords():
+    assert ref.kda_options({}) == dict(gate="none", beta_form="prob", qk_norm=False, lower_bound=None)
+    assert ref.kda_options(dict(use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True))["gate"] == "softplus"
+    safe = ref.kda_options(dict(use_gate_in_kernel=True, lower_bound=-5.0, use_beta_sigmoid_in_kernel=True,
+                                allow_neg_eigval=True, use_qk_l2norm_in_kernel=True))
+    assert safe == dict(gate="safe", beta_form="logit2", qk_norm=True, lower_bound=-5.0)
+
+
 def test_relative_error():
     assert ref.relative_error([1.0, 2.0], [1.0, 2.0]) == 0.0
     assert ref.relative_error([3.0, 4.0], [0.0, 0.0]) == math.inf
