@@ -598,3 +598,25 @@ def test_contiguous_states_offline(offline):
                             state_v_first=True)
     assert _recurrence_states(offline[-1])[:2] == (BASE * 5, BASE * 5) and fs is s0
     assert offline[-1][5].param_dict["VFIRST"] is True
+
+
+@pytest.mark.parametrize("given", ["final_state", "output_final_state", "pool", "pool_not_asked", "none"])
+def test_empty_batch_returns_as_a_full_one_offline(offline, given):
+    """B = 0: nothing is launched, and the returned final state follows the same rule as a
+    non-empty call (a given final_state always; the pool only when asked for; a new one when asked for)."""
+    a = good(B=0)
+    H, K = 4, 128
+    kw = dict(A_log=a["A_log"], dt_bias=a["dt_bias"], **SAFE_GATE_FLAGS._asdict(), state_v_first=True)
+    buf = arr((0, H, K, K), "float32", ptr=BASE * 5)
+    pool = arr((3, H, K, K), "float32", ptr=BASE * 6)
+    call = {"final_state": dict(final_state=buf), "output_final_state": dict(output_final_state=True),
+            "pool": dict(initial_state=pool, state_indices=arr((0,), "int32"), output_final_state=True),
+            "pool_not_asked": dict(initial_state=pool, state_indices=arr((0,), "int32")), "none": {}}[given]
+    o, fs = pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **kw, **call)
+    assert offline == [], "an empty batch launches nothing"
+    assert tuple(o.shape) == (0, 100, H, K)
+    expected = {"final_state": buf, "output_final_state": "new", "pool": pool, "pool_not_asked": None, "none": None}[given]
+    if expected == "new":
+        assert tuple(fs.shape) == (0, H, K, K) and fs.dtype == "float32"
+    else:
+        assert fs is expected

@@ -304,11 +304,6 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
     B, T, H, K, N, C = p.batch, p.seq_len, p.heads, p.head_dim, p.n_seq, p.chunk
     pooled = idx is not None
     want_final = output_final_state or final_state is not None or pooled
-    if N == 0:   # an empty batch: nothing to compute
-        o = out if out is not None else empty_like_framework(qa, (B, T, H, K), "bfloat16")
-        fs = initial_state if pooled else final_state if final_state is not None else (
-            empty_like_framework(qa, (0, H, K, K), p.state_dtype) if output_final_state else None)
-        return to_framework(qa, o), (to_framework(qa, fs) if fs is not None and output_final_state else None)
     if out is None:
         out = empty_like_framework(qa, (B, T, H, K), "bfloat16")
         oa = as_device_array(out, "out")
@@ -317,6 +312,11 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
     elif want_final and final_state is None:
         final_state = empty_like_framework(qa, (N, H, K, K), p.state_dtype)
         fa = as_device_array(final_state, "final_state")
+    # returned: the pool only when asked for; a final_state buffer the caller gave, always
+    returned = final_state if (output_final_state or not pooled) and want_final else None
+    returned = to_framework(qa, returned) if returned is not None else None
+    if N == 0:   # an empty batch: nothing to compute
+        return to_framework(qa, out), returned
 
     off_bytes = -(-(N + 1) * 4 // 256) * 256 if p.varlen else 0
     ws_owner, ws = runtime.workspace(q, strm, off_bytes + plan.chunk_slots * H * record_bytes(K, C) + 16)   # held to the last launch
@@ -344,5 +344,4 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
          idx.ptr if pooled else 0, i32(pooled and idx.dtype == "int64"), i32(p.pool_rows),
          hia.ptr if hia is not None else 0),
         plan.rec_smem, strm)
-    returned = final_state if (output_final_state or not pooled) and want_final else None
-    return to_framework(qa, out), (to_framework(qa, returned) if returned is not None else None)
+    return to_framework(qa, out), returned
