@@ -323,7 +323,7 @@ def test_unbounded_gate_accuracy(C, dt_bias_scale, out_tol):
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_prefill_on_the_state_pool(state, index_dtype):
     lengths = [40, 0, 1, 77, 16]
-    N, P, H, K = len(lengths), 11, 2, 128
+    P, H, K = 11, 2, 128
     x, _ = make(1, sum(lengths), H, K, seed=31)
     gen = torch.Generator(device="cuda").manual_seed(32)
     pool = (0.05 * torch.randn(P, H, K, K, generator=gen, device="cuda")).to(getattr(torch, state))
