@@ -74,3 +74,7 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+    b.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="decode, kda-decode sweeps: also draw kernel µs and TB/s against the swept setting, a line "
+                        "per shape, its peer dashed (needs matplotlib: the plot extra, pip install 'pykda[plot]'). "
+                        "Progress bars need tqdm: the progress extra")

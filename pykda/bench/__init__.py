@@ -5,34 +5,53 @@ import json
 import platform
 import time
 
+from . import plot
+
 
 def settings(text: str | None) -> list:
     """A comma list of template-parameter settings to sweep; 0 (or nothing) is the planner's choice."""
     return [None] if not text else [int(x) or None for x in text.split(",")]
 
 
-# the sweep and shape options each bench takes; any other given is an error, never ignored
-OPTIONS = {"decode": ("chunk_size", "stages", "shapes"), "kda": (), "kda-decode": ("rows_per_thread", "stages")}
+# the template parameters each bench sweeps
+SWEEPS = {"decode": ("chunk_size", "stages"), "kda": (), "kda-decode": ("rows_per_thread", "stages")}
+# the sweep, shape and plot options each bench takes; any other given is an error, never ignored
+OPTIONS = {"decode": SWEEPS["decode"] + ("shapes", "plot"), "kda": (), "kda-decode": SWEEPS["kda-decode"] + ("plot",)}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def check_options(args) -> None:
-    """Raise ValueError naming an option given to a bench that does not take it."""
+    """Raise ValueError naming an option given to a bench that does not take it, or --plot
+    without a sweep option."""
     for name in sorted(set().union(*OPTIONS.values())):
         if getattr(args, name, None) and name not in OPTIONS[args.op]:
-            raise ValueError(f"bench {args.op} does not take --{name.replace('_', '-')}")
+            raise ValueError(f"bench {args.op} does not take {_flag(name)}")
+    if getattr(args, "plot", None) and not any(getattr(args, name, None) for name in SWEEPS[args.op]):
+        raise ValueError(f"--plot draws a sweep: give {' or '.join(map(_flag, SWEEPS[args.op]))}")
 
 
 def main(args) -> int:
-    check_options(args)
+    try:
+        check_options(args)
+    except ValueError as exc:
+        raise SystemExit(f"python -m pykda bench: {exc}") from None
+    if getattr(args, "plot", None):
+        plot.require()   # before any GPU work
     from .. import runtime
     runtime.require_gpu()
     from . import decode, kda, kda_decode
-    runner = {"decode": decode.run, "kda": kda.run, "kda-decode": kda_decode.run}[args.op]
-    results = runner(args)
+    bench = {"decode": decode, "kda": kda, "kda-decode": kda_decode}[args.op]
+    results = bench.run(args)
     meta = environment()
     with open(args.json, "w") as f:
         json.dump({"meta": meta, "op": args.op, "results": results}, f, indent=1, default=str)
     print(f"\nwrote {args.json}")
+    if getattr(args, "plot", None):
+        bench.plot(results, args.plot, meta.get("device"))
+        print(f"wrote {args.plot}")
     return 0
 
 

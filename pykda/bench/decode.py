@@ -12,7 +12,8 @@ import re
 
 from .. import reference
 from ..ops.decode import flash_decode
-from . import settings, timing
+from . import plot as plotting, settings, timing
+from .progress import progress
 
 SHAPES = [(32, 32, 8192), (32, 32, 16384), (32, 32, 32768), (32, 32, 65536), (32, 32, 131072),
           (32, 32, 131073), (32, 8, 32768), (32, 8, 131072)]
@@ -101,8 +102,11 @@ def run(args):
     timer, copy_tbs = timing.start(getattr(args, "flush", "read"))
     chunks, stages = settings(args.chunk_size), settings(args.stages)
     sweep = len(chunks) > 1 or len(stages) > 1
+    with_peers = not sweep or bool(getattr(args, "plot", None))   # a plot draws the peers beside the sweep
+    points = list(itertools.product(chunks, stages))
     rows = []
-    for B, hq, hkv, S, batched in _cases(args.quick, getattr(args, "shapes", None)):
+    for B, hq, hkv, S, batched in progress(_cases(args.quick, getattr(args, "shapes", None)), "bench decode",
+                                           label=lambda case: shape_label(*case[:4]), unit="shape"):
         g = torch.Generator(device="cuda").manual_seed(S + hkv + B)
         q = torch.randn(B, hq, D, device="cuda", generator=g).to(torch.bfloat16)
         k_hnd = torch.randn(B, hkv, S, D, device="cuda", generator=g).to(torch.bfloat16)   # what the peers read
@@ -114,14 +118,14 @@ def run(args):
         def error(o):
             return reference.relative_error(o.float().reshape(B, hq, D).cpu().numpy(), o_ref)
         peers = {}
-        if not sweep:
+        if with_peers:
             for name, backend in (("cudnn", "CUDNN_ATTENTION"), ("flash", "FLASH_ATTENTION")):
                 peers[name] = _sdpa_peer(backend, q, k_hnd, v_hnd)
             if not batched:
                 peers["compile"] = _compile_peer(q[0], k_nhd[0], v_nhd[0])
         peer_us = {n: (timer.median_us(fn) if fn else None) for n, (fn, _) in peers.items()}
         peer_err = {n: (error(o) if fn else None) for n, (fn, o) in peers.items()}
-        for chunk, st in itertools.product(chunks, stages):
+        for chunk, st in (progress(points, "settings", label=_settings_label) if sweep else points):
             nhd = _pykda(q, k_nhd, v_nhd, batched, "NHD", chunk, st)
             hnd = _pykda(q, k_hnd, v_hnd, batched, "HND", chunk, st)
             err_nhd, err_hnd = error(nhd()), error(hnd())
@@ -135,6 +139,30 @@ def run(args):
         torch.cuda.empty_cache()
     _print_table(rows, sweep)
     return rows
+
+
+def shape_label(batch, hq, hkv, kv_len) -> str:
+    return f"{hq}/{hkv} S={kv_len}" + (f" B={batch}" if batch > 1 else "")
+
+
+def _settings_label(point) -> str:
+    chunk, st = point
+    return f"chunk {chunk or 'auto'} stages {st or 'auto'}"
+
+
+def _fastest_peer(row):
+    """(name, µs) of the fastest peer timed on the row's shape, or None."""
+    timed = sorted((p["us"], name) for name, p in row.get("peers", {}).items() if p.get("us"))
+    return (timed[0][1], timed[0][0]) if timed else None
+
+
+def plot(rows, path, device=None):
+    """--plot: µs and TB/s (pykda on the peers' HND buffers) against chunk size / stages, one line
+    per shape, its fastest peer dashed."""
+    return plotting.sweep(path, rows, ("chunk_size", "stages"),
+                          shape=lambda r: shape_label(r["batch"], r["hq"], r["hkv"], r["kv_len"]), peer=_fastest_peer,
+                          title=f"pykda bench decode on the peers' HND buffers, bf16, D={D}"
+                                + (f", {device}" if device else ""))
 
 
 def _print_table(rows, sweep):

@@ -22,6 +22,7 @@ from .. import reference
 from ..ops.kda import chunk_kda
 from ..ops.kda_variant import SAFE_GATE_FLAGS
 from . import timing
+from .progress import progress
 
 D = 128
 LOWER_BOUND = -5.0
@@ -126,7 +127,7 @@ def run(args):
     shapes = SHAPES[:3] if args.quick else SHAPES
     if args.quick:
         shapes = shapes + [(H, lengths, True) for H, lengths in [POOL_SHAPE]]
-    for i, (H, lengths, with_state) in enumerate(shapes):
+    for i, (H, lengths, with_state) in progress(list(enumerate(shapes)), "bench kda", label=_label, unit="shape"):
         x, params, cu, h0 = _inputs(H, lengths, with_state)
         T, N = sum(lengths), len(lengths)
         floor_bytes = 5 * T * H * D * 2 + (2 * N * H * D * D * 4 if with_state else 0)
@@ -146,6 +147,11 @@ def run(args):
     accuracy = _accuracy(peers)
     _print(rows, accuracy)
     return {"timing": rows, "accuracy": accuracy}
+
+
+def _label(item) -> str:
+    _, (H, lengths, _) = item
+    return f"H={H} T={sum(lengths)} N={len(lengths)}"
 
 
 def _pool_row(x, params, cu, h0, timer, floor_ms, gate=POOL_GATE) -> dict:

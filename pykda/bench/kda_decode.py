@@ -22,7 +22,8 @@ write); % of the 4 GiB copy's bandwidth and % of a copy of the same number of by
 small problems cannot reach the big copy's bandwidth).
 
 With `--rows-per-thread` or `--stages` it sweeps the template parameters instead: a row per
-setting (kernel µs, TB/s, error), no peer and no host timing.
+setting (kernel µs, TB/s, error), no host timing, and no peer unless `--plot` asks for the
+sweep drawn (then fla's kernel µs and error once per case, in each of its rows).
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ import time
 from .. import reference
 from ..ops.kda_decode import fused_recurrent_kda
 from ..ops.kda_variant import SAFE_GATE_FLAGS
-from . import settings, timing
+from . import plot as plotting, settings, timing
+from .progress import progress
 
 BATCHES = (1, 8, 64, 256)
 HEADS = (32, 8)
@@ -216,14 +218,20 @@ def run(args):
     sweep = list(itertools.product(settings(getattr(args, "rows_per_thread", None)),
                                    settings(getattr(args, "stages", None))))
     if sweep != [(None, None)]:
-        rows = [_sweep_row(gate, pool_dtype, H, B, rpt, st, timer, copy_tbs, repeats)
-                for gate, pool_dtype, H, B in cases(quick) for rpt, st in sweep]
+        fla = fla_peer() if getattr(args, "plot", None) else None   # a plot draws fla beside the sweep
+        if fla is not None:
+            print(f"fla: {fla[1]}")
+        rows = []
+        for case in progress(cases(quick), "bench kda-decode", label=case_label, unit="case"):
+            peer = _sweep_peer(*case, fla, timer, repeats) if fla is not None else {}
+            for rpt, st in progress(sweep, "settings", label=_settings_label):
+                rows.append(dict(_sweep_row(*case, rpt, st, timer, copy_tbs, repeats), **peer))
         _print_sweep(rows)
         return rows
     fla = fla_peer()
     print(f"fla: {fla[1]}")
     rows = []
-    for gate, pool_dtype, H, B in cases(quick):
+    for gate, pool_dtype, H, B in progress(cases(quick), "bench kda-decode", label=case_label, unit="case"):
         rows.append(_case(gate, pool_dtype, H, B, fla, timer, copy_tbs, repeats, host_n))
         torch.cuda.empty_cache()
     _print(rows, fla[1])
@@ -245,15 +253,33 @@ def _case(gate, pool_dtype, H, B, fla_entry, timer, copy_tbs, repeats, host_n) -
         row["tbs"] = nbytes / row["us"] / 1e6
         row["pct_copy"] = 100 * row["tbs"] / copy_tbs
         row["pct_same_copy"] = 100 * copy_us / row["us"]
-    if fla is None:
-        return row
+    if fla is not None:
+        _fla_step(row, x, pool, idx, gate, fla_entry,
+                  lambda theirs: _measure(row, "fla_", theirs, timer, repeats, host_n))
+    return row
+
+
+def _fla_step(row, x, pool, idx, gate, fla_entry, measure) -> None:
+    """fla on its own copy of the pool: row["fla_err"] from one checked step, then `measure(step)`;
+    a failure as row["fla_error"]."""
+    fla, _, fla_serving = fla_entry
     fla_pool = pool.clone()
     theirs = lambda: fla(x, fla_pool, idx, gate)   # noqa: E731
     try:
         row["fla_err"] = checked_step(x, fla_pool, idx, theirs, pool_row_written=fla_serving, gate=gate)
-        _measure(row, "fla_", theirs, timer, repeats, host_n)
+        measure(theirs)
     except Exception as exc:
         row["fla_error"] = f"{type(exc).__name__}: {exc}"[:200]
+
+
+def _sweep_peer(gate, pool_dtype, H, B, fla_entry, timer, repeats) -> dict:
+    """fla's label, kernel µs and error on a case's inputs (for a sweep's plot), or why not."""
+    row = dict(fla=fla_entry[1])
+    if fla_entry[0] is None:
+        return row
+    x, pool, idx = _inputs(B, H, pool_dtype, gate)
+    _fla_step(row, x, pool, idx, gate, fla_entry,
+              lambda theirs: row.update(fla_us=timer.median_us(theirs, warmup=10, repeats=repeats)))
     return row
 
 
@@ -274,6 +300,25 @@ def _sweep_row(gate, pool_dtype, H, B, rpt, stages, timer, copy_tbs, repeats) ->
 
 def _setting(value) -> str:
     return str(value) if value else "auto"
+
+
+def case_label(case) -> str:
+    gate, pool_dtype, H, B = case
+    return f"{gate} {pool_dtype} H={H} B={B}"
+
+
+def _settings_label(point) -> str:
+    rpt, st = point
+    return f"rows/thread {_setting(rpt)} stages {_setting(st)}"
+
+
+def plot(rows, path, device=None):
+    """--plot: µs and state TB/s against rows per thread / stages, one line per case, fla dashed."""
+    return plotting.sweep(path, rows, ("rows_per_thread", "stages"),
+                          shape=lambda r: case_label((r["gate"], r["pool"], r["H"], r["B"])),
+                          peer=lambda r: ("fla", r["fla_us"]) if r.get("fla_us") else None,
+                          title=f"pykda bench kda-decode (state pool in place, K=V={D})"
+                                + (f", {device}" if device else ""))
 
 
 def _print_sweep(rows):

@@ -1,0 +1,310 @@
+"""CPU tests of the benches' sweeps as people look at them: tqdm progress (the `progress` extra) with a
+plain fallback, `--plot FILE.png` (the `plot` extra) and the CLI's checks of it; the sweeps of `bench decode`
+and `bench kda-decode` end to end on CPU stand-ins (the stubs of tests/test_host_bench.py). Both extras
+stay optional: what needs matplotlib is skipped without it."""
+import json
+import sys
+import types
+
+import pytest
+
+from pykda import reference
+from pykda.__main__ import main as cli
+from pykda.bench import plot as plotting
+from pykda.bench.progress import progress
+
+try:
+    import torch
+except ImportError:
+    torch = None
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+except ImportError:
+    matplotlib = None
+
+if torch is not None:
+    from test_host_bench import _reference_step, _Timer, cpu_quick_case, fake_fla, fake_ours, reference_mode  # noqa: F401
+
+needs_torch = pytest.mark.skipif(torch is None, reason="needs PyTorch (the CPU build is enough)")
+needs_matplotlib = pytest.mark.skipif(matplotlib is None, reason="needs matplotlib (the plot extra)")
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+# ---- progress ----
+def test_progress_without_tqdm_is_the_iterable_itself(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)   # import tqdm raises ImportError
+    items = [1, 2, 3]
+    assert progress(items, "bench", label=str) is items
+
+
+def test_progress_with_tqdm_shows_a_bar_and_each_label(monkeypatch):
+    bars = []
+
+    class FakeTqdm:
+        def __init__(self, items, **kwargs):
+            self.items, self.kwargs, self.postfix = items, kwargs, []
+            bars.append(self)
+
+        def __iter__(self):
+            return iter(self.items)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.closed = True
+
+        def set_postfix_str(self, text, refresh=True):
+            self.postfix.append(text)
+    monkeypatch.setitem(sys.modules, "tqdm", types.SimpleNamespace(tqdm=FakeTqdm))
+    assert list(progress([1, 2], "bench decode", label=lambda i: f"shape {i}", unit="shape")) == [1, 2]
+    (bar,) = bars
+    assert bar.kwargs["desc"] == "bench decode" and bar.kwargs["unit"] == "shape"
+    assert bar.kwargs["leave"] is False, "cleared when done: the tables read the same with or without tqdm"
+    assert bar.postfix == ["shape 1", "shape 2"] and bar.closed
+
+
+# ---- the plot helper ----
+def _decode_rows():
+    """Fake sweep rows as bench decode writes them: two shapes, two chunk sizes, one failed
+    setting, peers on the first shape only."""
+    rows = []
+    for (batch, hq, hkv, S), peers in (((1, 32, 8, 131072), dict(cudnn=dict(us=90.0, err=1e-3),
+                                                                  flash=dict(us=120.0, err=1e-3))),
+                                       ((8, 32, 8, 32768), {})):
+        for chunk, us in ((512, 70.0), (1024, 60.0 if batch == 1 else None)):
+            tbs = 2 * batch * S * hkv * 128 * 2 / us / 1e6 if us else None
+            rows.append(dict(batch=batch, hq=hq, hkv=hkv, kv_len=S, chunk_size=chunk, stages=None, us=us, us_nhd=us,
+                             tbs=tbs, pct_copy=100 * tbs / 4.0 if tbs else None, err=1e-3, err_nhd=1e-3, peers=peers))
+    return rows
+
+
+def _kda_decode_rows():
+    rows = []
+    for case, fla_us in ((("safe", "float32", 32, 64), 12.0), (("vllm", "bfloat16", 8, 256), None)):
+        for rpt, stages, us in ((4, None, 10.0), (8, None, 9.0), (4, 3, None)):
+            row = dict(zip(("gate", "pool", "H", "B"), case), rows_per_thread=rpt, stages=stages, us=us,
+                       tbs=3.0 if us else None, pct_copy=75.0 if us else None, err=1e-3 if us else None)
+            if fla_us:
+                row["fla_us"] = fla_us
+            if us is None:
+                row["error"] = "ValueError: no such setting"
+            rows.append(row)
+    return rows
+
+
+def _line_styles(ax):
+    return [(line.get_linestyle(), line.get_color()) for line in ax.get_lines()]
+
+
+@needs_matplotlib
+def test_plot_writes_a_png_a_line_per_shape_and_the_peer_dashed_in_its_color(tmp_path):
+    from pykda.bench import decode
+    path = tmp_path / "decode.png"
+    fig = decode.plot(_decode_rows(), str(path), "NVIDIA H200")
+    assert path.read_bytes()[:8] == PNG and path.stat().st_size > 10_000
+    ax_us, ax_tbs = fig.axes[:2]
+    styles = _line_styles(ax_us)
+    assert [s for s, _ in styles] == ["-", "--", "-"], "two shapes solid, the first one's fastest peer dashed"
+    assert styles[1][1] == styles[0][1] != styles[2][1]
+    assert list(ax_us.get_lines()[1].get_ydata()) == [90.0, 90.0], "the fastest peer: cudnn"
+    assert [t.get_text() for t in ax_us.get_xticklabels()] == ["512", "1024"]
+    assert ax_us.get_xlabel() == "chunk size" and ax_us.get_yscale() == "log"
+    labels = ax_us.get_legend_handles_labels()[1]
+    assert labels == ["32/8 S=131072  (dashed: cudnn)", "32/8 S=32768 B=8"]
+    # the TB/s panel: the peer's TB/s from the shape's bytes, the copy ceiling dotted
+    tbs_styles = _line_styles(ax_tbs)
+    assert [s for s, _ in tbs_styles] == ["-", "--", "-", ":"]
+    first = _decode_rows()[0]
+    assert ax_tbs.get_lines()[1].get_ydata()[0] == pytest.approx(first["tbs"] * first["us"] / 90.0)
+    assert ax_tbs.get_lines()[3].get_ydata()[0] == pytest.approx(4.0)
+    assert "NVIDIA H200" in fig._suptitle.get_text()
+
+
+@needs_matplotlib
+def test_plot_of_two_swept_parameters_and_failed_settings(tmp_path):
+    from pykda.bench import kda_decode
+    path = tmp_path / "kda-decode.png"
+    fig = kda_decode.plot(_kda_decode_rows(), str(path))
+    assert path.read_bytes()[:8] == PNG
+    ax_us = fig.axes[0]
+    assert [t.get_text() for t in ax_us.get_xticklabels()] == ["4/auto", "8/auto", "4/3"]
+    assert ax_us.get_xlabel() == "rows per thread / stages"
+    assert [s for s, _ in _line_styles(ax_us)] == ["-", "--", "-"], "fla dashed where it was timed"
+    ys = ax_us.get_lines()[0].get_ydata()
+    assert list(ys[:2]) == [10.0, 9.0] and ys[2] != ys[2], "a failed setting is a gap"
+
+
+@needs_matplotlib
+def test_plot_of_a_sweep_where_nothing_ran(tmp_path):
+    from pykda.bench import kda_decode
+    rows = [dict(gate="safe", pool="float32", H=8, B=1, rows_per_thread=rpt, stages=None, error="ValueError: x")
+            for rpt in (4, 8)]
+    fig = kda_decode.plot(rows, str(tmp_path / "none.png"))
+    assert (tmp_path / "none.png").read_bytes()[:8] == PNG and fig.axes[0].get_yscale() == "linear"
+
+
+def test_plot_require_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert not plotting.available()
+    with pytest.raises(SystemExit, match=r"the `plot` extra: pip install 'pykda\[plot\]'"):
+        plotting.require()
+
+
+# ---- the CLI ----
+@pytest.fixture
+def no_gpu_work(monkeypatch):
+    """runtime.require_gpu fails the test: the CLI must answer before any GPU work."""
+    from pykda import runtime
+
+    def require_gpu():
+        raise AssertionError("GPU work started")
+    monkeypatch.setattr(runtime, "require_gpu", require_gpu)
+
+
+@pytest.mark.parametrize("argv", [["bench", "decode", "--chunk-size", "512,1024"],
+                                  ["bench", "kda-decode", "--rows-per-thread", "4,8", "--stages", "2,3"]])
+def test_cli_rejects_plot_without_matplotlib_before_gpu_work(monkeypatch, no_gpu_work, tmp_path, capsys, argv):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(SystemExit) as exc:
+        cli(argv + ["--plot", str(tmp_path / "sweep.png"), "--json", str(tmp_path / "r.json")])
+    assert exc.value.code == plotting.MISSING and "`plot` extra" in exc.value.code and "pykda[plot]" in exc.value.code
+    assert not (tmp_path / "r.json").exists() and not (tmp_path / "sweep.png").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "kda", "--plot", "x.png"], "bench kda does not take --plot"),
+    (["bench", "decode", "--plot", "x.png"], "--plot draws a sweep: give --chunk-size or --stages"),
+    (["bench", "kda-decode", "--quick", "--plot", "x.png"], "--plot draws a sweep: give --rows-per-thread or --stages"),
+    (["bench", "kda-decode", "--chunk-size", "512"], "bench kda-decode does not take --chunk-size"),
+])
+def test_cli_rejects_a_plot_of_no_sweep(no_gpu_work, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        cli(argv)
+    assert exc.value.code == f"python -m pykda bench: {message}"
+
+
+# ---- the sweeps end to end on CPU stand-ins ----
+@pytest.fixture
+def bench_main(monkeypatch, tmp_path):
+    """Run `python -m pykda bench ...` with no GPU: require_gpu passes, the environment is fake;
+    returns (JSON results, stdout) of a run."""
+    import pykda.bench
+    from pykda import runtime
+    monkeypatch.setattr(runtime, "require_gpu", lambda: None)
+    monkeypatch.setattr(pykda.bench, "environment", lambda: {"device": "CPU stand-in"})
+
+    def run(argv, capsys):
+        path = tmp_path / "bench.json"
+        assert cli(argv + ["--json", str(path)]) == 0
+        data = json.loads(path.read_text())
+        return data["results"], capsys.readouterr().out
+    return run
+
+
+def _plot_args(with_plot, tmp_path):
+    if with_plot and matplotlib is None:
+        pytest.skip("needs matplotlib (the plot extra)")
+    return ["--plot", str(tmp_path / "sweep.png")] if with_plot else []
+
+
+def _fake_fla_forward(calls):
+    """fla's serving forward as the float64 step of the gate mode its keywords ask for."""
+    def fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, scale=None,
+                                inplace_final_state=True, ssm_state_indices=None, use_qk_l2norm_in_kernel=False,
+                                use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False, lower_bound=None,
+                                state_v_first=False, **kwargs):
+        mode = reference_mode(dict(use_gate_in_kernel=use_gate_in_kernel, lower_bound=lower_bound,
+                                   use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel))
+        calls.append(mode)
+        x = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias)
+        return _reference_step(x, initial_state, ssm_state_indices, mode), initial_state
+    return fused_recurrent_kda_fwd
+
+
+@needs_torch
+@pytest.mark.parametrize("with_plot", [False, True])
+def test_kda_decode_sweep_rows_and_plot(fake_fla, bench_main, monkeypatch, tmp_path, capsys, with_plot):
+    """--rows-per-thread/--stages: a row per case and setting, as before; with --plot fla is timed
+    once per case (its µs in each of the case's rows) and the sweep is drawn."""
+    from pykda.bench import kda_decode as bench
+    serving, _, mods = fake_fla
+    monkeypatch.setattr(mods["fla.ops.kda.fused_recurrent"], "fused_recurrent_kda_fwd", _fake_fla_forward(serving))
+    cpu_quick_case(monkeypatch, ("safe", "softplus"))
+    seen = []
+    monkeypatch.setattr(bench, "fused_recurrent_kda", fake_ours(seen))
+    monkeypatch.setattr(bench.timing, "start", lambda flush="read": (_Timer(), 4.0))
+    rows, out = bench_main(["bench", "kda-decode", "--quick", "--rows-per-thread", "4,8", "--stages", "0"]
+                           + _plot_args(with_plot, tmp_path), capsys)
+    assert [(r["gate"], r["rows_per_thread"], r["stages"]) for r in rows] == [
+        ("safe", 4, None), ("safe", 8, None), ("softplus", 4, None), ("softplus", 8, None)]
+    assert all(r["err"] < 1e-2 and r["us"] == 10.0 for r in rows)
+    assert set(seen) == {(rpt, None, gate) for gate in ("safe", "softplus") for rpt in (4, 8)}
+    sweep_keys = {"gate", "pool", "H", "B", "rows_per_thread", "stages", "err", "us", "tbs", "pct_copy"}
+    if with_plot:
+        # per case, not per setting: its checked step and the stand-in timer's one call
+        assert serving == ["safe", "safe", "softplus", "softplus"], "fla per case, in the case's gate mode"
+        assert all(r["fla_us"] == 10.0 and r["fla_err"] < 1e-2 and r["fla"] == bench.SERVING for r in rows)
+        assert (tmp_path / "sweep.png").read_bytes()[:8] == PNG
+        assert f"wrote {tmp_path / 'sweep.png'}" in out
+    else:
+        assert not serving and all(set(r) == sweep_keys for r in rows), "without --plot: the rows as before"
+    assert "rpt" in out and "auto" in out
+
+
+def _flash_decode_stub(calls):
+    """flash_decode as the float64 reference, on either layout, single or batched."""
+    def flash_decode(q, k, v, batched, kv_layout, chunk_size=None, stages=None):
+        calls.append((chunk_size, stages, kv_layout))
+        if not batched:
+            q, k, v = q[None], k[None], v[None]
+        if kv_layout == "HND":
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
+        o, _ = reference.batch_decode_attention(q.double().numpy(), k.double().numpy(), v.double().numpy())
+        o = torch.from_numpy(o).to(torch.bfloat16)
+        return o if batched else o[0]
+    return flash_decode
+
+
+@pytest.fixture
+def decode_on_cpu(monkeypatch):
+    """bench decode with D 8 on CPU tensors: flash_decode, the reference and SDPA peers as float64
+    stand-ins, no torch.compile; returns the (chunk_size, stages, layout) of each pykda call."""
+    from pykda.bench import decode
+    calls = []
+    monkeypatch.setattr(decode, "D", 8)
+    monkeypatch.setattr(decode, "flash_decode", _flash_decode_stub(calls))
+    monkeypatch.setattr(decode, "_reference", lambda q, k, v: reference.batch_decode_attention(
+        q.double().numpy(), k.double().numpy(), v.double().numpy())[0])
+    monkeypatch.setattr(decode, "_sdpa_peer", lambda backend, q, k_hnd, v_hnd: (
+        lambda: None, _flash_decode_stub([])(q, k_hnd, v_hnd, True, "HND")))
+    monkeypatch.setattr(decode, "_compile_peer", lambda q, k, v: (None, "n/a"))
+    monkeypatch.setattr(decode.timing, "start", lambda flush="read": (_Timer(), 4.0))
+    real_randn = torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *s, generator=None, device=None: real_randn(*s, generator=generator))
+    monkeypatch.setattr(torch, "Generator", lambda device=None: torch.random.default_generator.__class__())
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    return calls
+
+
+@needs_torch
+@pytest.mark.parametrize("with_plot", [False, True])
+def test_decode_sweep_rows_and_plot(decode_on_cpu, bench_main, tmp_path, capsys, with_plot):
+    """--chunk-size/--stages: a row per shape and setting with the sweep table as before; with
+    --plot the peers are timed too (in the rows and the table) and the sweep is drawn."""
+    rows, out = bench_main(["bench", "decode", "--shapes", "4/2:16,2x4/2:24", "--chunk-size", "8,16",
+                            "--stages", "0,2"] + _plot_args(with_plot, tmp_path), capsys)
+    settings = [(8, None), (8, 2), (16, None), (16, 2)]
+    assert [(r["batch"], r["kv_len"], r["chunk_size"], r["stages"]) for r in rows] == \
+        [(1, 16, *s) for s in settings] + [(2, 24, *s) for s in settings]
+    assert all(r["err"] < 1e-2 and r["err_nhd"] < 1e-2 and r["us"] == 10.0 for r in rows)
+    assert set(decode_on_cpu) == {(c, s, layout) for c, s in settings for layout in ("NHD", "HND")}
+    assert "chunk stg" in out
+    if with_plot:
+        assert all(set(r["peers"]) == {"cudnn", "flash"} and r["peers"]["cudnn"]["us"] == 10.0 for r in rows[4:])
+        assert all(r["peers"]["cudnn"]["err"] < 1e-2 for r in rows)
+        assert "cudnn us" in out
+        assert (tmp_path / "sweep.png").read_bytes()[:8] == PNG
+    else:
+        assert all(r["peers"] == {} for r in rows) and "cudnn us" not in out, "without --plot: as before"
