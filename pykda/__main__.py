@@ -1,4 +1,4 @@
-"""Command line: `python -m pykda {demo, compile, render, bench}`."""
+"""Command line: `python -m pykda {demo, compile, render, bench, sanitize}`."""
 from __future__ import annotations
 
 import argparse
@@ -34,6 +34,11 @@ def cmd_demo(args) -> int:
     return demo.main()
 
 
+def cmd_sanitize(args) -> int:
+    from . import sanitize
+    return sanitize.main(args)
+
+
 def cmd_bench(args) -> int:
     from .bench import main as bench_main
     return bench_main(args)
@@ -50,6 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("render", help="print a template's rendered CUDA source")
     r.add_argument("name")
     r.add_argument("params", nargs="*", help="KEY=VALUE template parameters")
+    s = sub.add_parser("sanitize", help="run a GPU test subset of every op under compute-sanitizer, one tool after "
+                                         "another; a summary line per tool (needs the CUDA toolkit's compute-sanitizer)")
+    s.add_argument("--tool", default="memcheck,racecheck,synccheck,initcheck",
+                   help="comma list of compute-sanitizer tools, run in this order (default: all four)")
+    s.add_argument("--log-dir", default=None, help="where each tool's full log goes (default: a new temp dir, printed)")
+    s.add_argument("--print-limit", type=int, default=10000, help="compute-sanitizer --print-limit (reports per tool)")
+    s.add_argument("--timeout", type=float, default=3600, help="seconds per tool before its run is killed (a failure)")
+    s.add_argument("--pytest-args", default="",
+                   help="extra pytest arguments, one string, e.g. --pytest-args='-x -k kda' (written with =)")
+    s.add_argument("--dry-run", action="store_true", help="print each tool's command line and exit")
     b = sub.add_parser("bench", help="benchmarks against peers on the GPU")
     b.add_argument("op", choices=["decode", "kda", "kda-decode"])
     b.add_argument("--chunk-size", default=None, help="decode: comma list of chunk sizes to sweep")
@@ -64,17 +79,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evict the L2 before each timed call by reading (clean lines, default) or by "
                         "overwriting (dirty lines the timed call must write back) a 1 GiB buffer")
     b.add_argument("--json", default="pykda-bench.json", help="where to write the results")
+    b.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="decode, kda-decode sweeps: also draw kernel µs and TB/s against the swept setting, a line "
+                        "per shape, its peer dashed (needs matplotlib: the plot extra, pip install 'pykda[plot]'). "
+                        "Progress bars need tqdm: the progress extra")
     return ap
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    return {"demo": cmd_demo, "compile": cmd_compile, "render": cmd_render, "bench": cmd_bench}[args.command](args)
+    return {"demo": cmd_demo, "compile": cmd_compile, "render": cmd_render, "bench": cmd_bench,
+            "sanitize": cmd_sanitize}[args.command](args)
 
 
 if __name__ == "__main__":
     sys.exit(main())
-    b.add_argument("--plot", default=None, metavar="FILE.png",
-                   help="decode, kda-decode sweeps: also draw kernel µs and TB/s against the swept setting, a line "
-                        "per shape, its peer dashed (needs matplotlib: the plot extra, pip install 'pykda[plot]'). "
-                        "Progress bars need tqdm: the progress extra")

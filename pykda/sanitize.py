@@ -1,0 +1,432 @@
+"""`python -m pykda sanitize`: a GPU test subset of every op under NVIDIA compute-sanitizer (issue 14).
+
+Each tool runs in its own process, one after another:
+
+    compute-sanitizer --tool TOOL --print-limit N python -m pytest -q -p no:cacheprovider [PYTEST_ARGS] TESTS...
+
+from the repository root (the tests are the checkout's), its stdout and stderr together written to
+LOG_DIR/TOOL.log. A summary line per tool gives pytest's result line, the sanitizer's ERROR SUMMARY
+(RACECHECK SUMMARY for racecheck) and the kernels its reports name. A tool fails when a test fails
+or is skipped (a sanitized run that skipped a test checked nothing there), when the process dies or
+times out, when its summary is missing, and when any report is not a known finding (or the summary
+counts more errors than it printed: raise --print-limit).
+
+Known findings (reported, listed as "known: ...", never a failure), see KNOWN:
+  racecheck, kda_recurrence: read/write races between the consumers' reads of a ring stage and the
+  producer's cp.async.bulk refill of it. The hand-back is correct (__syncwarp, then lane 0's
+  mbarrier arrive, which the producer's wait acquires); racecheck credits the arrive to lane 0 alone.
+  templates/kda_recurrence.cu.j2 explains it at the empty-barrier arrive, and
+  examples/racecheck_mbarrier_pipeline.py reproduces it. A write/write race there, or any report in
+  another kernel, still fails.
+
+Allocations come from torch's caching allocator and CuPy's pool, as in serving: memcheck sees an
+access outside the allocator's segments, not one into a neighbouring tensor of the same segment; the
+tests' NaN-poisoned outputs and padding rows check that side.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
+DEFAULT_PRINT_LIMIT = 10000
+DEFAULT_TIMEOUT_S = 3600
+ROOT = Path(__file__).resolve().parent.parent
+FALLBACK_DIRS = ("/usr/local/cuda/bin",)
+
+# The tests every tool runs: small, fast cases of every op (a sanitizer slows kernels 10-100x).
+# Exact pytest node ids (pytest builds a parametrized id from the bottom decorator first);
+# tests/test_sanitize.py collects them, so a renamed test or a changed parameter fails there.
+TESTS = (
+    # flash decoding, one sequence (decode_partial and the merge by the last CTA of a head group)
+    "tests/test_decode_gpu.py::test_matches_reference[65-32-8-128-bfloat16]",        # GQA 4:1, a partial last tile
+    "tests/test_decode_gpu.py::test_hnd_layout_matches_reference[1000-8-1-64-float16]",   # HND, fp16, D 64, MQA
+    "tests/test_decode_gpu.py::test_planner_overrides_give_the_same_answer[64-2]",   # 79 chunks of 64 rows: split + merge
+    "tests/test_decode_gpu.py::test_strided_views_of_a_larger_cache",
+    "tests/test_decode_gpu.py::test_frameworks_agree",                                 # CuPy arrays, CuPy's pool
+    # flash decoding, a padded batch (kv_lens on the device, NaN past each length)
+    "tests/test_batch_decode_gpu.py::test_matches_reference[17-3-HND-32-8-64-float16]",   # lengths 17, 0, 1
+    "tests/test_batch_decode_gpu.py::test_matches_reference[1000-8-NHD-8-8-256-float16]",  # D 256
+    "tests/test_batch_decode_gpu.py::test_split_sequences_of_different_lengths_and_scale",
+    "tests/test_batch_decode_gpu.py::test_strided_hnd_views_of_a_larger_cache",
+    # KDA prefill (kda_chunk_offsets, kda_prepare, kda_recurrence): every gate mode, state pool, both layouts
+    "tests/test_kda_gpu.py::test_small_against_reference_no_state",                  # the racecheck case
+    "tests/test_kda_gpu.py::test_matches_reference[128-16-batch-bfloat16]",           # B 3, no cu_seqlens
+    "tests/test_kda_gpu.py::test_variants_match_reference[float32-64-16-softplus-bfloat16-logit-bfloat16-True]",
+    "tests/test_kda_gpu.py::test_variants_match_reference[float32-64-16-safe-bfloat16-logit-bfloat16-True]",
+    "tests/test_kda_gpu.py::test_variants_match_reference[float32-64-16-none-float32-prob-float32-True]",
+    "tests/test_kda_gpu.py::test_variants_match_reference[bfloat16-128-32-softplus-bfloat16-logit2-bfloat16-False]",
+    "tests/test_kda_gpu.py::test_prefill_on_the_state_pool[index_dtype0-float32]",    # int32 rows, padding, pool
+    "tests/test_kda_gpu.py::test_prefill_on_the_state_pool[index_dtype1-bfloat16]",   # int64 rows, bf16 pool
+    "tests/test_kda_gpu.py::test_state_layouts_agree",                                # [N, H, K, V] and [N, H, V, K]
+    "tests/test_kda_gpu.py::test_rows_outside_the_sequences_stay_poisoned",
+    # KDA decode (kda_decode): every gate mode, pool rows with padding, packed sequences, a wrapping ring
+    "tests/test_kda_decode_gpu.py::test_decode_continues_a_prefill[safe]",
+    "tests/test_kda_decode_gpu.py::test_decode_continues_a_prefill[softplus]",
+    "tests/test_kda_decode_gpu.py::test_decode_continues_a_prefill[none]",
+    "tests/test_kda_decode_gpu.py::test_gate_modes_match_reference[bfloat16-none]",
+    "tests/test_kda_decode_gpu.py::test_matches_reference_with_random_and_padded_indices[3-2-64-bfloat16]",
+    "tests/test_kda_decode_gpu.py::test_matches_reference_with_random_and_padded_indices[64-1-128-float32]",
+    "tests/test_kda_decode_gpu.py::test_packed_sequences_with_empty_and_padded_ones",
+    "tests/test_kda_decode_gpu.py::test_check_indices_catches_duplicates_and_out_of_range",
+    "tests/test_kda_decode_gpu.py::test_every_tile_shape_and_ring_depth_agrees[1-2-float32]",
+    # CUDA graphs of every op (torch's idiom; graphs sharing a pool; a capture on a fresh stream)
+    "tests/test_graphs_gpu.py::test_single_decode_torch_idiom",
+    "tests/test_graphs_gpu.py::test_single_decode_shared_pool_and_fresh_stream",
+    "tests/test_graphs_gpu.py::test_batch_decode_torch_idiom",
+    "tests/test_graphs_gpu.py::test_batch_decode_shared_pool_and_fresh_stream",
+    "tests/test_graphs_gpu.py::test_fused_recurrent_kda_torch_idiom",
+    "tests/test_graphs_gpu.py::test_fused_recurrent_kda_shared_pool_and_fresh_stream",
+    "tests/test_graphs_gpu.py::test_chunk_kda_torch_idiom",
+    "tests/test_graphs_gpu.py::test_chunk_kda_shared_pool_and_fresh_stream",
+)
+
+
+class SanitizeError(RuntimeError):
+    """The sanitize command cannot run (said in one sentence)."""
+
+
+class SanitizerNotFound(SanitizeError, FileNotFoundError):
+    pass
+
+
+# ---- finding the tool, building its command line ----
+
+def find_sanitizer(env=None, fallback_dirs=None) -> str:
+    """compute-sanitizer on PATH, else in $CUDA_HOME/bin, else in /usr/local/cuda/bin (FALLBACK_DIRS)."""
+    env = os.environ if env is None else env
+    fallback_dirs = FALLBACK_DIRS if fallback_dirs is None else fallback_dirs
+    found = shutil.which("compute-sanitizer", path=env.get("PATH", ""))
+    if found:
+        return found
+    dirs = ([str(Path(env["CUDA_HOME"]) / "bin")] if env.get("CUDA_HOME") else []) + list(fallback_dirs)
+    for d in dirs:
+        exe = Path(d) / "compute-sanitizer"
+        if exe.is_file() and os.access(exe, os.X_OK):
+            return str(exe)
+    cuda_home = f"$CUDA_HOME/bin ({env['CUDA_HOME']}/bin)" if env.get("CUDA_HOME") else "$CUDA_HOME/bin (CUDA_HOME unset)"
+    raise SanitizerNotFound(
+        f"compute-sanitizer not found on PATH, in {cuda_home} or in {', '.join(fallback_dirs)}: it ships with the "
+        "CUDA toolkit (not with the pip wheels pykda uses); install the toolkit, or put compute-sanitizer on PATH "
+        "or set CUDA_HOME")
+
+
+def parse_tools(text: str) -> tuple[str, ...]:
+    """"memcheck,racecheck" -> ("memcheck", "racecheck"); an unknown name raises ValueError."""
+    tools = []
+    for name in (t.strip() for t in text.split(",")):
+        if not name:
+            continue
+        if name not in TOOLS:
+            raise ValueError(f"unknown sanitizer tool {name!r}: choose from {', '.join(TOOLS)}")
+        if name not in tools:
+            tools.append(name)
+    if not tools:
+        raise ValueError(f"no sanitizer tool given: choose from {', '.join(TOOLS)}")
+    return tuple(tools)
+
+
+def build_command(sanitizer: str, tool: str, tests=TESTS, print_limit: int = DEFAULT_PRINT_LIMIT,
+                  pytest_args=(), python: str = sys.executable) -> list[str]:
+    return [sanitizer, "--tool", tool, "--print-limit", str(print_limit),
+            python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args, *tests]
+
+
+# ---- reading a log ----
+
+PREFIX = "========="
+_META = ("COMPUTE-SANITIZER", "ERROR SUMMARY", "RACECHECK SUMMARY", "LEAK SUMMARY",
+         "Error: process didn't terminate successfully", "Target application returned an error",
+         "Error: couldn't find exit code", "Error: Target application terminated before first instrumented API call",
+         "Tracking kernels launched by child processes")
+_ACCESS = re.compile(r"\b(?:between|and) (Read|Write) access at (.+?)"
+                     r"(?=\s+and (?:Read|Write) access at |\s*\[\d+ hazards?\]|$)")
+_AND_ACCESS = re.compile(r"and (?:Read|Write) access at ")
+_HAZARD = re.compile(r"Potential (RAW|WAR|WAW) hazard")
+_AT = re.compile(r"^(?:(?:Read|Write) Thread \([^)]*\) )?at (.+)$")
+_ERROR_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) errors?")
+_RACE_SUMMARY = re.compile(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
+_PYTEST_LINE = re.compile(r"^=*\s*((?:\d+ (?:failed|passed|skipped|deselected|xfailed|xpassed|warnings?|errors?|rerun)"
+                          r"(?:, )?)+ in [0-9.]+s(?: \([0-9:]+\))?|no tests ran in [0-9.]+s(?: \([0-9:]+\))?)\s*=*\s*$")
+
+
+def kernel_of(location: str) -> str:
+    """The kernel (or device function) a report's location names, without template arguments,
+    parameters, offset or source line: "void f<(bool)0>(int *)+0x150 in a.cu:27" -> "f";
+    "kda_recurrence+0x2b30" -> "kda_recurrence"; the old "0x170 in ./a.cu:4:test(int*, int*)" -> "test"."""
+    loc = location.strip()
+    old = re.match(r"0x[0-9a-fA-F]+ in (.+)$", loc)
+    if old:
+        loc = old.group(1)
+        with_line = re.match(r"\S+:\d+:(.+)$", loc)
+        if with_line:
+            loc = with_line.group(1)
+    else:
+        loc = re.split(r"\+0x[0-9a-fA-F]+", loc, maxsplit=1)[0]
+        loc = re.sub(r"\s+in \S+:\d+$", "", loc)
+    loc = loc.replace("(anonymous namespace)", "{anonymous}").strip()
+    cut = min([i for i in (loc.find("<"), loc.find("(")) if i > 0], default=len(loc))
+    words = loc[:cut].split()
+    return words[-1] if words else loc
+
+
+@dataclass
+class Report:
+    """One sanitizer report: its first line and its indented lines joined by spaces."""
+    header: str
+    lines: list = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return " ".join([self.header, *self.lines])
+
+    @property
+    def accesses(self) -> list:
+        """racecheck's analysis report: [(Read|Write, kernel)], the "between" access first."""
+        if "Race reported between" not in self.text:
+            return []
+        return [(kind, kernel_of(loc)) for kind, loc in _ACCESS.findall(self.text)]
+
+    @property
+    def hazard(self):
+        """racecheck's hazard report: RAW, WAR or WAW."""
+        m = _HAZARD.search(self.header)
+        return m.group(1) if m else None
+
+    @property
+    def kernels(self) -> tuple:
+        acc = self.accesses
+        if acc:
+            names = [k for _, k in acc]
+        else:
+            names = []
+            for line in self.lines:
+                m = _AT.match(line)
+                if m:
+                    names.append(kernel_of(m.group(1)))
+            names = names[:1] if not self.hazard else names   # memcheck & co: where it happened
+        return tuple(dict.fromkeys(names)) or ("(no kernel: host/API)",)
+
+
+def parse_reports(log: str) -> list:
+    """The sanitizer's reports in a log (pytest's own lines, which have no prefix, are skipped)."""
+    reports, current = [], None
+    for raw in log.splitlines():
+        raw = raw.rstrip()
+        # the sanitizer's lines: "=========" alone, or "========= " and text; pytest's bars
+        # ("===== FAILURES =====", "========= 1 failed in 2s =========") are not
+        if raw != PREFIX and not (raw.startswith(PREFIX + " ") and not raw.endswith("=")):
+            continue
+        body = raw[len(PREFIX):]
+        if not body.strip():
+            current = None                       # a bare "=========" ends a report
+        elif (body[:1] == " " and body[1:2].isspace()) or _AND_ACCESS.match(body.strip()):
+            if current is not None:
+                current.lines.append(body.strip())
+        else:
+            body = body.strip()
+            if body.startswith(_META):
+                current = None
+            else:
+                current = Report(body)
+                reports.append(current)
+    return reports
+
+
+@dataclass(frozen=True)
+class Known:
+    tool: str
+    kernel: str
+    note: str
+
+    def matches(self, tool: str, report: Report) -> bool:
+        """Read/write races with every access in the kernel (analysis report), or a WAR hazard
+        there (hazard report); a write/write race is never the blind spot."""
+        if tool != self.tool:
+            return False
+        acc = report.accesses
+        if acc:
+            first = acc[0][0]
+            return (len(acc) >= 2 and all(k == self.kernel for _, k in acc)
+                    and all({first, kind} == {"Read", "Write"} for kind, _ in acc[1:]))
+        return report.hazard == "WAR" and set(report.kernels) == {self.kernel}
+
+
+KNOWN = (Known("racecheck", "kda_recurrence", "racecheck blind spot, see templates/kda_recurrence.cu.j2"),)
+
+
+def parse_pytest(log: str):
+    """pytest's final result line ("1 failed, 34 passed in 12.3s") and its counts, or (None, {})."""
+    line = None
+    for raw in log.splitlines():
+        m = _PYTEST_LINE.match(raw.strip())
+        if m:
+            line = m.group(1)
+    if line is None:
+        return None, {}
+    counts = Counter()
+    for n, word in re.findall(r"(\d+) (\w+)", line.split(" in ")[0]):
+        counts[{"error": "errors", "warning": "warnings"}.get(word, word)] += int(n)
+    return line, dict(counts)
+
+
+@dataclass
+class ToolResult:
+    tool: str
+    log_path: object = None
+    rc: object = None                      # None: killed at the timeout
+    pytest_line: object = None
+    pytest_counts: dict = field(default_factory=dict)
+    summaries: list = field(default_factory=list)
+    kernels: Counter = field(default_factory=Counter)     # reports not known, by kernel
+    known: dict = field(default_factory=dict)             # Known -> reports
+    problems: list = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def line(self) -> str:
+        parts = [f"{self.tool:<9} {'PASS' if self.ok else 'FAIL'}",
+                 self.pytest_line or "(no pytest result line)",
+                 "; ".join(self.summaries) or "(no sanitizer summary)",
+                 "kernels: " + (", ".join(f"{k} ({n})" for k, n in sorted(self.kernels.items())) or "none")]
+        for known, n in self.known.items():
+            parts.append(f"known: {known.kernel} ({known.note}) x{n}")
+        if self.problems:
+            parts.append("failed: " + "; ".join(self.problems))
+        return " | ".join(parts)
+
+
+def analyse(tool: str, log: str, rc, timeout_s=None, log_path=None, seconds=0.0, known=KNOWN) -> ToolResult:
+    """A tool's verdict from its log and exit status."""
+    r = ToolResult(tool, log_path=log_path, rc=rc, seconds=seconds)
+    r.pytest_line, r.pytest_counts = parse_pytest(log)
+    c = r.pytest_counts
+    if rc is None:
+        r.problems.append(f"timed out after {timeout_s} s (killed)")
+    elif rc != 0:
+        r.problems.append(f"exit status {rc}")
+    if r.pytest_line is None:
+        r.problems.append("pytest printed no result line (the process died? see the log)")
+    else:
+        failed = [ln.strip() for ln in log.splitlines() if ln.startswith(("FAILED ", "ERROR "))]
+        if c.get("failed") or c.get("errors"):
+            r.problems.append(f"{c.get('failed', 0)} failed, {c.get('errors', 0)} errors"
+                              + (f" ({'; '.join(failed[:3])}{' ...' if len(failed) > 3 else ''})" if failed else ""))
+        if c.get("skipped"):
+            r.problems.append(f"{c['skipped']} skipped (a sanitized run must run every test: is a GPU visible?)")
+        if not c.get("passed"):
+            r.problems.append("no test passed")
+
+    reports = parse_reports(log)
+    unknown = 0
+    for rep in reports:
+        k = next((k for k in known if k.matches(tool, rep)), None)
+        if k is not None:
+            r.known[k] = r.known.get(k, 0) + 1
+        else:
+            unknown += 1
+            for name in rep.kernels:
+                r.kernels[name] += 1
+    if unknown:
+        r.problems.append(f"{unknown} report{'s' if unknown > 1 else ''} not known")
+
+    errors = [int(n) for n in _ERROR_SUMMARY.findall(log)]
+    races = [tuple(map(int, m)) for m in _RACE_SUMMARY.findall(log)]
+    if errors:
+        r.summaries.append(f"ERROR SUMMARY: {errors[-1]} error{'s' if errors[-1] != 1 else ''}")
+    if races:
+        h, e, w = races[-1]
+        r.summaries.append(f"RACECHECK SUMMARY: {h} hazard{'s' if h != 1 else ''} displayed ({e} errors, {w} warnings)")
+    counted = (races[-1][1] + races[-1][2]) if (tool == "racecheck" and races) else (errors[-1] if errors else None)
+    if counted is None:
+        r.problems.append(f"no {'RACECHECK' if tool == 'racecheck' else 'ERROR'} SUMMARY line (the sanitizer did not finish)")
+    elif counted > len(reports):
+        r.problems.append(f"{counted - len(reports)} counted but not printed (raise --print-limit)")
+    return r
+
+
+# ---- running ----
+
+def source_root() -> Path:
+    if not (ROOT / "tests" / "conftest.py").is_file():
+        raise SanitizeError(f"python -m pykda sanitize runs the repository's GPU tests: run it from a source checkout "
+                            f"(no tests/ beside the pykda package in {ROOT})")
+    return ROOT
+
+
+def run_tool(sanitizer: str, tool: str, log_dir: Path, tests=TESTS, print_limit=DEFAULT_PRINT_LIMIT, pytest_args=(),
+             timeout_s=DEFAULT_TIMEOUT_S, cwd=None) -> ToolResult:
+    cmd = build_command(sanitizer, tool, tests, print_limit, pytest_args)
+    log_path = Path(log_dir) / f"{tool}.log"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    start = time.perf_counter()
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write(f"$ {shlex.join(cmd)}\n\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=cwd or source_root(), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)   # its own process group: a timeout ends all of it
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = None
+        except BaseException:   # Ctrl-C: the child is in its own session and did not get it
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+    seconds = time.perf_counter() - start
+    text = log_path.read_text(encoding="utf-8", errors="replace")
+    return analyse(tool, text, rc, timeout_s=timeout_s, log_path=log_path, seconds=seconds)
+
+
+def main(args, out=None, err=None) -> int:
+    """The sanitize command: args from __main__'s parser (tool, log_dir, print_limit, timeout,
+    pytest_args, dry_run)."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        tools = parse_tools(args.tool)
+        pytest_args = shlex.split(args.pytest_args or "")
+        if args.dry_run:
+            try:
+                sanitizer = find_sanitizer()
+            except SanitizerNotFound as e:
+                print(f"note: {e}", file=err)
+                sanitizer = "compute-sanitizer"
+            for tool in tools:
+                print(shlex.join(build_command(sanitizer, tool, TESTS, args.print_limit, pytest_args)), file=out)
+            return 0
+        sanitizer = find_sanitizer()
+        root = source_root()
+    except (SanitizeError, ValueError) as e:
+        print(f"error: {e}", file=err)
+        return 2
+    log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="pykda-sanitize-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    print(f"{len(TESTS)} tests under {sanitizer} ({', '.join(tools)}); logs in {log_dir}", file=out, flush=True)
+    results = []
+    for i, tool in enumerate(tools, 1):
+        print(f"[{i}/{len(tools)}] {tool}: running, log {log_dir / (tool + '.log')}", file=err, flush=True)
+        r = run_tool(sanitizer, tool, log_dir, TESTS, args.print_limit, pytest_args, args.timeout, cwd=root)
+        results.append(r)
+        print(r.line(), file=out, flush=True)
+    failed = [r.tool for r in results if not r.ok]
+    if failed:
+        print(f"sanitize: FAILED ({', '.join(failed)}); logs in {log_dir}", file=out)
+        return 1
+    print(f"sanitize: clean ({', '.join(tools)}; known findings listed above); logs in {log_dir}", file=out)
+    return 0
