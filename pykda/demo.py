@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import numpy as np
 
 from . import reference, runtime
+from .progress import progress
 
 # the model: one block of Kimi Linear's 3:1 pattern, with its head counts
 LAYERS = ("kda", "kda", "kda", "attn")
@@ -164,28 +165,6 @@ def describe(requests: list[Request], steps: list[Step]) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def progress(items: Iterable, desc: str, label: Callable[[Any], str] = str):
-    """tqdm's bar over `items` (the `progress` extra), or a plain line per item without it."""
-    items = list(items)
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        tqdm = None
-
-    def bar():
-        with tqdm(items, desc=f"  {desc}", leave=False, dynamic_ncols=True) as t:
-            for item in t:
-                t.set_postfix_str(label(item))
-                yield item
-
-    def plain():
-        for i, item in enumerate(items, 1):
-            print(f"  {desc} [{i}/{len(items)}] {label(item)}", flush=True)
-            yield item
-
-    return bar() if tqdm is not None else plain()
-
-
 def kernel_specs(steps: list[Step], arch: str, sm_count: int, smem_per_sm: int) -> list[runtime.KernelSpec]:
     """The kernels the demo's calls run, as their own validation and planners pick them for a
     device of `sm_count` SMs (the arguments are stand-ins with the calls' shapes: no GPU needed)."""
@@ -225,7 +204,7 @@ def kernel_specs(steps: list[Step], arch: str, sm_count: int, smem_per_sm: int) 
 def compile_kernels(specs: list[runtime.KernelSpec]) -> list[tuple[runtime.KernelSpec, int, float, bool]]:
     """NVRTC (or the disk cache) for every spec: (spec, cubin bytes, seconds, from disk)."""
     rows = []
-    for spec in progress(specs, "compile", lambda s: s.template):
+    for spec in progress(specs, "  compile", lambda s: s.template, plain_lines=True):
         cubin, seconds, from_disk = runtime.compile_spec(spec)
         rows.append((spec, len(cubin), seconds, from_disk))
     return rows
@@ -489,7 +468,7 @@ def check(torch, eng: Engine, trace: dict, checked: list[Request]) -> list[tuple
     checked request's whole history (prompt and decoded tokens, from a zero state)."""
     results = []
     pairs = [(r, i) for r in checked for i in range(len(eng.layers))]
-    for r, i in progress(pairs, "check vs float64", lambda ri: f"r{ri[0].id} layer {ri[1]}"):
+    for r, i in progress(pairs, "  check vs float64", lambda ri: f"r{ri[0].id} layer {ri[1]}", plain_lines=True):
         layer = eng.layers[i]
         t = {n: f64(torch.cat(v)) for n, v in trace[r.id][i].items()}
         name = f"{i} {layer.kind.upper()}"

@@ -11,7 +11,7 @@ import pytest
 from pykda import reference
 from pykda.__main__ import main as cli
 from pykda.bench import plot as plotting
-from pykda.bench.progress import progress
+from pykda.progress import progress
 
 try:
     import torch

@@ -79,7 +79,7 @@ def test_progress_without_and_with_tqdm(monkeypatch, capsys):
             raise ImportError(name)
         return real_import(name, *args, **kwargs)
     monkeypatch.setattr(builtins, "__import__", no_tqdm)
-    assert list(demo.progress([1, 2], "stage")) == [1, 2]
+    assert list(demo.progress([1, 2], "stage", plain_lines=True)) == [1, 2]
     assert "stage [2/2] 2" in capsys.readouterr().out
 
 

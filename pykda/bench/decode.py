@@ -13,7 +13,7 @@ import re
 from .. import reference
 from ..ops.decode import flash_decode
 from . import plot as plotting, settings, timing
-from .progress import progress
+from ..progress import progress
 
 SHAPES = [(32, 32, 8192), (32, 32, 16384), (32, 32, 32768), (32, 32, 65536), (32, 32, 131072),
           (32, 32, 131073), (32, 8, 32768), (32, 8, 131072)]

@@ -22,7 +22,7 @@ from .. import reference
 from ..ops.kda import chunk_kda
 from ..ops.kda_variant import SAFE_GATE_FLAGS
 from . import timing
-from .progress import progress
+from ..progress import progress
 
 D = 128
 LOWER_BOUND = -5.0

@@ -35,7 +35,7 @@ from .. import reference
 from ..ops.kda_decode import fused_recurrent_kda
 from ..ops.kda_variant import SAFE_GATE_FLAGS
 from . import plot as plotting, settings, timing
-from .progress import progress
+from ..progress import progress
 
 BATCHES = (1, 8, 64, 256)
 HEADS = (32, 8)
