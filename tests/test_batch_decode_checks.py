@@ -140,12 +140,11 @@ class _FakeKernel:
 def offline(monkeypatch):
     from pykda.runtime import arrays, tensormap
     from pykda.runtime.device import DeviceInfo
-    log = dict(launches=[], maps=[], zeroed=[])
+    log = dict(launches=[], maps=[], workspaces=[])
     info = DeviceInfo(0, "fake H200", (9, 0), 132, 232448, 233472, 60 << 20)
 
     def workspace(ref, stream, nbytes, zeroed=0):
-        if zeroed:
-            log["zeroed"].append(zeroed)
+        log["workspaces"].append((ref, stream, nbytes, zeroed))
         return None, BASE * 4
 
     def encode_tiled(name, dtype, ptr, dims, strides, box, swizzle=0, l2_promotion=0):
@@ -199,10 +198,34 @@ def test_split_batch_is_one_launch_that_merges_by_ticket(offline, layout):
     assert grid == (7, hkv, B) and block   # 1000 // 128 chunks, the last of 232 rows == (160, 1, 1) and smem == plan.smem
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", params)
     assert lens.ptr in args and BASE * 4 in args
-    assert offline["zeroed"] == [B * hkv * 4]
+    assert [zeroed for *_, zeroed in offline["workspaces"]] == [B * hkv * 4]
     # both maps walk (head_dim, kv_heads, kv_len, batch), whatever the layout in memory
     row, head = (hkv * d * 2, d * 2) if layout == "NHD" else (d * 2, S * d * 2)
     assert offline["maps"] == [(n, (d, hkv, S, B), (head, row, S * hkv * d * 2), (64, 1, plan.block_n, 1)) for n in "kv"]
+
+
+def test_split_decode_takes_one_workspace_from_q_counters_first_and_zeroed(offline):
+    B, S, hq, hkv, d = 3, 1000, 32, 8, 128
+    q, k, v = arr((B, hq, d)), arr((B, S, hkv, d)), arr((B, S, hkv, d))
+    decode.flash_decode(q, k, v, batched=True, chunk_size=128)
+    n_part, tickets = B * hq * (S // 128), B * hkv * 4   # partial rows; one counter per head group
+    ((ref, stream, nbytes, zeroed),) = offline["workspaces"]
+    assert ref is q and stream == 0 and zeroed == tickets
+    ((*_, args),) = offline["launches"]
+    ws_o, ws_lse, counters = args[11:14]
+    assert counters == BASE * 4
+    assert ws_o == counters + 256, "the partials start 256-byte aligned past the counters"
+    assert ws_lse == ws_o + n_part * d * 4
+    assert nbytes == ws_lse + n_part * 4 - counters
+
+
+def test_decode_without_a_split_takes_no_workspace(offline):
+    B, S, hq, hkv, d = 64, 4096, 32, 8, 128   # 64 x 8 head groups fill the GPU unsplit
+    q, k, v = arr((B, hq, d)), arr((B, S, hkv, d)), arr((B, S, hkv, d))
+    decode.flash_decode(q, k, v, batched=True)
+    assert offline["workspaces"] == []
+    ((*_, args),) = offline["launches"]
+    assert args[11:14] == (0, 0, 0)
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])

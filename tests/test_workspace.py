@@ -9,11 +9,9 @@ from contextlib import contextmanager
 
 import pytest
 
-from pykda import runtime
-from pykda.ops import decode
-from pykda.runtime import arrays, tensormap
+from pykda.runtime import arrays
 from pykda.runtime.arrays import DeviceArray
-from fakes import BASE, device_array as arr
+from fakes import BASE
 
 ws = importlib.import_module("pykda.runtime.workspace")   # the module (runtime.workspace is its function)
 
@@ -164,58 +162,3 @@ def test_torch_scratch_is_a_byte_tensor_recorded_on_a_launch_stream_not_current(
     assert buf.recorded == [] and streams == [], "on torch's current stream: stream-ordered already"
     buf, _ = arrays.torch_scratch(t, 64, 77)
     assert streams == [(77, 2)] and buf.recorded == [("stream", 77)]
-
-
-# ---- flash decoding's one workspace, offline ----
-@pytest.fixture
-def offline_decode(monkeypatch):
-    from pykda.runtime.device import DeviceInfo
-    log = dict(launches=[], workspaces=[])
-    info = DeviceInfo(0, "fake H200", (9, 0), 132, 232448, 233472, 60 << 20)
-
-    class Launcher:
-        def config(self, grid, block, smem):
-            return grid
-
-        def __call__(self, config, args, stream):
-            log["launches"].append((args, stream))
-
-    def workspace(ref, stream, nbytes, zeroed=0):
-        log["workspaces"].append((ref, stream, nbytes, zeroed))
-        return "owner", BASE * 4
-    monkeypatch.setattr(runtime, "require_gpu", lambda: None)
-    monkeypatch.setattr(runtime, "device_info", lambda i: info)
-    monkeypatch.setattr(runtime, "workspace", workspace)
-    monkeypatch.setattr(runtime, "get_kernel", lambda spec, dev, name: types.SimpleNamespace(
-        launcher_for=lambda sig: Launcher()))
-    monkeypatch.setattr(tensormap, "encode_tiled", lambda *a, **k: bytes(128))
-    monkeypatch.setattr(arrays, "launch_stream", lambda ref, stream=None: 77)
-    monkeypatch.setattr(arrays, "to_framework", lambda ref, x: x)
-    monkeypatch.setattr(arrays, "empty_like_framework", lambda ref, shape, dtype: arr(shape, dtype, ptr=BASE * 2))
-    decode.PREPARED.clear()   # prepared calls hold the fake launchers: none before, none left after
-    yield log
-    decode.PREPARED.clear()
-
-
-def test_split_decode_takes_one_workspace_from_q_counters_first_and_zeroed(offline_decode):
-    B, S, hq, hkv, d = 3, 1000, 32, 8, 128
-    q, k, v = arr((B, hq, d)), arr((B, S, hkv, d)), arr((B, S, hkv, d))
-    decode.flash_decode(q, k, v, batched=True, chunk_size=128)
-    n_part, tickets = B * hq * (S // 128), B * hkv * 4   # partial rows; one counter per head group
-    ((ref, stream, nbytes, zeroed),) = offline_decode["workspaces"]
-    assert ref is q and stream == 77 and zeroed == tickets
-    ((args, launch_stream),) = offline_decode["launches"]
-    ws_o, ws_lse, counters = args[11:14]
-    assert launch_stream == 77 and counters == BASE * 4
-    assert ws_o == counters + 256, "the partials start 256-byte aligned past the counters"
-    assert ws_lse == ws_o + n_part * d * 4
-    assert nbytes == ws_lse + n_part * 4 - counters
-
-
-def test_decode_without_a_split_takes_no_workspace(offline_decode):
-    B, S, hq, hkv, d = 64, 4096, 32, 8, 128   # 64 x 8 head groups fill the GPU unsplit
-    q, k, v = arr((B, hq, d)), arr((B, S, hkv, d)), arr((B, S, hkv, d))
-    decode.flash_decode(q, k, v, batched=True)
-    assert offline_decode["workspaces"] == []
-    ((args, _),) = offline_decode["launches"]
-    assert args[11:14] == (0, 0, 0)
