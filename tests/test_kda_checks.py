@@ -620,3 +620,13 @@ def test_empty_batch_returns_as_a_full_one_offline(offline, given):
         assert tuple(fs.shape) == (0, H, K, K) and fs.dtype == "float32"
     else:
         assert fs is expected
+
+
+@pytest.mark.parametrize("lower_bound", [float("nan"), float("-inf"), 0.5])
+def test_a_bad_lower_bound_is_named_where_the_gate_mode_does_not_read_it(offline, lower_bound):
+    """g as the log-decay ignores lower_bound, but a bad one is still refused, never ignored."""
+    a = good()
+    with pytest.raises(ValueError, match="lower_bound must be finite and <= 0"):
+        pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"],
+                        **PRECOMPUTED_FLAGS._replace(lower_bound=lower_bound)._asdict())
+    assert offline == []

@@ -61,6 +61,8 @@ def resolve_variant(flags: KdaFlags, g: DeviceArray, beta: DeviceArray, A_log: D
     if flags.allow_neg_eigval and not flags.use_beta_sigmoid_in_kernel:
         raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (β = 2·sigmoid(beta))")
     beta_form = ("logit2" if flags.allow_neg_eigval else "logit") if flags.use_beta_sigmoid_in_kernel else "prob"
+    # a lower_bound is checked wherever it is given, also where the gate mode does not read it
+    given_lb = check_lower_bound(flags.lower_bound) if flags.lower_bound is not None else None
     lb = 0.0
     if not flags.use_gate_in_kernel:
         for name, a in (("A_log", A_log), ("dt_bias", dt_bias)):
@@ -68,8 +70,8 @@ def resolve_variant(flags: KdaFlags, g: DeviceArray, beta: DeviceArray, A_log: D
                 raise ValueError(f"{name} is given but use_gate_in_kernel=False: g would be taken as the log-decay "
                                  f"and {name} ignored; pass use_gate_in_kernel=True to compute the gate in the kernel")
         gate = "none"
-    elif flags.lower_bound is not None:
-        gate, lb = "safe", check_lower_bound(flags.lower_bound)
+    elif given_lb is not None:
+        gate, lb = "safe", given_lb
     elif flags.safe_gate:
         raise ValueError("safe_gate=True with use_gate_in_kernel=True needs lower_bound (e.g. -5.0)")
     else:
