@@ -78,11 +78,12 @@ def kda_specs(arch: str) -> Iterator[KernelSpec]:
                  if (gd == "bfloat16" or gate == "none") and (bd == "bfloat16" or beta == "prob")]
     for p in problems:
         yield from specs_of(p, plan_kda(p, H200_SMS), arch)
-    for d in HEAD_DIMS:   # every V split the planner (or the `warps` override) can pick
+    for d in HEAD_DIMS:   # every V split the planner (or the `warps` override) can pick, with and without segments
         for c in CHUNK_SIZES:
             for w in (1, 2, 4, 8)[: 3 if d == 64 else 4]:
-                p = problem(1, 4096, 8, d, 1, c)
-                yield from specs_of(p, plan_kda(p, H200_SMS, warps=w), arch)
+                for seg in (0, 4):
+                    p = problem(1, 4096, 8, d, 1, c)
+                    yield from specs_of(p, plan_kda(p, H200_SMS, warps=w, segment_chunks=seg), arch)
 
 
 FAMILIES: dict[str, Callable[[str], Iterator[KernelSpec]]] = {

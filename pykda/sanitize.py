@@ -59,7 +59,7 @@ TESTS = (
     "tests/test_batch_decode_gpu.py::test_matches_reference[1000-8-NHD-8-8-256-float16]",  # D 256
     "tests/test_batch_decode_gpu.py::test_split_sequences_of_different_lengths_and_scale",
     "tests/test_batch_decode_gpu.py::test_strided_hnd_views_of_a_larger_cache",
-    # KDA prefill (kda_chunk_offsets, kda_prepare, kda_recurrence): every gate mode, state pool, both layouts
+    # KDA prefill (kda_prepare, kda_recurrence): every gate mode, state pool, both layouts
     "tests/test_kda_gpu.py::test_small_against_reference_no_state",                  # the racecheck case
     "tests/test_kda_gpu.py::test_matches_reference[128-16-batch-bfloat16]",           # B 3, no cu_seqlens
     "tests/test_kda_gpu.py::test_variants_match_reference[float32-64-16-softplus-bfloat16-logit-bfloat16-True]",
@@ -70,6 +70,11 @@ TESTS = (
     "tests/test_kda_gpu.py::test_prefill_on_the_state_pool[index_dtype1-bfloat16]",   # int64 rows, bf16 pool
     "tests/test_kda_gpu.py::test_state_layouts_agree",                                # [N, H, K, V] and [N, H, V, K]
     "tests/test_kda_gpu.py::test_rows_outside_the_sequences_stay_poisoned",
+    # KDA prefill in segments (pass 1 maps, kda_segment_scan, pass 2): varlen with empty and one-chunk
+    # sequences, the pool read and written in place
+    "tests/test_kda_segments_gpu.py::test_segments_match_reference[64-16-varlen-float32-3]",
+    "tests/test_kda_segments_gpu.py::test_segments_match_reference[128-32-batch-bfloat16-1]",
+    "tests/test_kda_segments_gpu.py::test_segments_on_the_state_pool_in_place[float32]",
     # KDA decode (kda_decode): every gate mode, pool rows with padding, packed sequences, a wrapping ring
     "tests/test_kda_decode_gpu.py::test_decode_continues_a_prefill[safe]",
     "tests/test_kda_decode_gpu.py::test_decode_continues_a_prefill[softplus]",

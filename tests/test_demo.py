@@ -56,7 +56,7 @@ def test_kernel_specs_cover_every_family():
     from pykda.registry import H200_SMEM_PER_SM, H200_SMS
     _, steps = plan()
     specs = demo.kernel_specs(steps, "sm_90a", H200_SMS, H200_SMEM_PER_SM)
-    assert {s.template for s in specs} == {"kda_prepare", "kda_recurrence", "kda_decode", "decode"}
+    assert {s.template for s in specs} == {"kda_prepare", "kda_recurrence", "kda_scan", "kda_decode", "decode"}
     assert len(specs) == len(set(specs))
 
 

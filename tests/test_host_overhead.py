@@ -1,11 +1,13 @@
-"""Host cost of a `fused_recurrent_kda` call, measured on a machine without a GPU.
+"""Host cost of a `fused_recurrent_kda` call and of a small `chunk_kda` call (a chunked-prefill
+step), measured on a machine without a GPU.
 
 The GPU is stubbed where it must be and nowhere else:
 - `as_device_array` rejects CPU tensors, so the timed copy is the module's own source with
   `.is_cuda` read as `.is_cpu` (a getter of the same cost) and run on CPU torch tensors;
 - `cuLaunchKernelEx` is libc's `strnlen`, called as the runtime calls the driver (no prototype,
   the same ctypes objects); with the kernel handle 0 as its length it returns 0 = success;
-- the compiled kernel, the device check and torch's current-stream lookup are stand-ins.
+- the compiled kernel, the device check, torch's current-stream lookup and the driver's tensor-map
+  encoder are stand-ins.
 
 `python tests/test_host_overhead.py` prints µs per piece; the tests check that the stubbed call
 packs exactly the parameters the kernel expects (so the numbers time the real path).
@@ -28,9 +30,9 @@ if __name__ == "__main__":   # run as a script: this checkout's pykda and tests/
 
 torch = pytest.importorskip("torch") if __name__ != "__main__" else __import__("torch")
 
-from pykda.ops import kda_decode  # noqa: E402
+from pykda.ops import kda, kda_decode  # noqa: E402
 from pykda.ops.kda_variant import SAFE_GATE_FLAGS  # noqa: E402
-from pykda.runtime import arrays, device, launch  # noqa: E402
+from pykda.runtime import arrays, device, launch, tensormap  # noqa: E402
 
 from fakes import device_array  # noqa: E402
 
@@ -97,12 +99,15 @@ def stubbed_gpu(twin: types.ModuleType, launcher_type=launch.Launcher):
     patch(runtime, "get_kernel", get_kernel)
     patch(launch, "Launcher", launcher_type)   # what Kernel.launcher_for makes
     patch(torch._C, "_cuda_getCurrentRawStream", lambda dev: 0)
-    patch(kda_decode, "CallArrays", twin.CallArrays)
-    kda_decode.PREPARED.clear()   # prepared calls hold the stubbed kernels: none before, none left after
+    patch(tensormap, "_encode", lambda *geometry: bytes(128))
+    for op in (kda_decode, kda):
+        patch(op, "CallArrays", twin.CallArrays)
+        op.PREPARED.clear()   # prepared calls hold the stubbed kernels: none before, none left after
     try:
         yield kernels
     finally:
         kda_decode.PREPARED.clear()
+        kda.PREPARED.clear()
         for obj, name, value, existed in reversed(saved):
             if existed:
                 setattr(obj, name, value)
@@ -170,7 +175,29 @@ def measure() -> dict[str, float]:
         call_out = lambda: kda_decode.fused_recurrent_kda(**x, **FLAGS, initial_state=pool, state_indices=idx,  # noqa: E731
                                                           out=out)
         res["  same, out= given"] = _per_call_us(call_out)
+        px, pcu, ppool, pidx = prefill_inputs()
+        res[f"chunk_kda (stubbed GPU, {PREFILL_LABEL})"] = _per_call_us(
+            lambda: kda.chunk_kda(**px, **PREFILL_FLAGS, cu_seqlens=pcu, initial_state=ppool, state_indices=pidx),
+            number=500)
     return res
+
+
+# a chunked-prefill step as serving calls it: 4 packed sequences, Kimi Linear's gate, the state pool
+PREFILL_LENGTHS = (200, 50, 1, 261)
+PREFILL_LABEL = f"H {H}, N {len(PREFILL_LENGTHS)}, T {sum(PREFILL_LENGTHS)}, pool"
+PREFILL_FLAGS = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                     state_v_first=True)
+
+
+def prefill_inputs():
+    g = torch.Generator().manual_seed(1)
+    T, N = sum(PREFILL_LENGTHS), len(PREFILL_LENGTHS)
+    rnd = lambda *s: torch.randn(*s, generator=g)   # noqa: E731
+    bf = torch.bfloat16
+    x = dict(q=rnd(1, T, H, D).to(bf), k=rnd(1, T, H, D).to(bf), v=rnd(1, T, H, D).to(bf),
+             g=rnd(1, T, H, D).to(bf), beta=rnd(1, T, H).to(bf), A_log=rnd(H), dt_bias=rnd(H * D))
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(PREFILL_LENGTHS)]), dtype=torch.int32)
+    return x, cu, rnd(2 * N, H, D, D), torch.arange(N, dtype=torch.int32)
 
 
 # ---- tests: the stubbed path is the real one ----
@@ -231,6 +258,22 @@ def test_stubbed_call_packs_the_kernel_parameters():
         for t in (x["q"], x["k"], x["v"], x["g"], x["beta"], x["A_log"], x["dt_bias"], pool, idx, out):
             assert t.data_ptr() in ptrs
         assert np.float32(0.5) in args
+
+
+def test_stubbed_chunk_kda_runs_every_launch():
+    """The stubbed prefill call goes through validation, the plan and every launch, twice (the
+    second from the prepared call)."""
+    twin = cpu_twin_of_arrays()
+    x, cu, pool, idx = prefill_inputs()
+    _SpyLauncher.calls = []
+    with stubbed_gpu(twin, _SpyLauncher) as kernels:
+        for _ in range(2):
+            o, final = kda.chunk_kda(**x, **PREFILL_FLAGS, cu_seqlens=cu, initial_state=pool, state_indices=idx,
+                                     output_final_state=True)
+            assert tuple(o.shape) == tuple(x["v"].shape) and final is pool
+        assert len(kda.PREPARED.results) == 1
+    assert set(kernels) == {"kda_prepare", "kda_recurrence"}   # too short for segments
+    assert [launch.signature(a) for a in _SpyLauncher.calls] == [kda.PREPARE_SIGNATURE, kda.RECURRENCE_SIGNATURE] * 2
 
 
 def test_measure_runs():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import pykda
-from pykda import registry
+from pykda import registry, runtime
 from pykda.ops.kda import (KdaProblem, bounded_gate, plan_kda, prepare_smem_bytes, record_bytes,
                            recurrence_smem_bytes, validate_kda)
 from pykda.ops.kda_variant import SAFE_GATE_FLAGS, KdaFlags, KdaVariant, resolve_variant
@@ -425,7 +425,7 @@ H200_SMS = 132
 ])
 def test_plan_splits_v_to_fill_the_gpu(B, T, H, K, N, varlen, warps):
     p = problem(B, T, H, K, N, varlen)
-    plan = plan_kda(p, H200_SMS)
+    plan = plan_kda(p, H200_SMS, segment_chunks=0)
     assert plan.warps == warps and plan.v_split == 16 * warps and K % plan.v_split == 0
     ctas = N * H * (K // plan.v_split)
     assert ctas >= 0.9 * H200_SMS or plan.warps == 1
@@ -460,12 +460,73 @@ def test_shared_memory_fits_an_h200_block():
                 assert recurrence_smem_bytes(K, C, w, stages) <= 227 * 1024
 
 
+@pytest.mark.parametrize("B, T, H, K, segmented", [
+    (1, 32768, 8, 128, True),      # 8 heads x 8 splits: a chain of 2048 chunks on 64 warps
+    (1, 65536, 16, 128, True),
+    (1, 262144, 4, 128, True),
+    (1, 32768, 32, 128, False),    # 256 warps of chains: V splits fill the GPU
+    (1, 8192, 96, 128, False),
+    (1, 300, 1, 128, False),       # too short to split
+])
+def test_plan_segments_where_the_chain_dominates(B, T, H, K, segmented):
+    p = problem(B, T, H, K, B, False)
+    seg = plan_kda(p, H200_SMS).segments
+    assert bool(seg.chunks) is segmented
+    if segmented:
+        cps = -(-T // 16)
+        assert seg.chunks == max(64, -(-cps * H // H200_SMS)), "about one SM's share of the chunk·heads"
+        assert seg.per_seq == -(-cps // seg.chunks) and seg.slots == B * seg.per_seq
+        assert seg.map_slots == B * (seg.per_seq - 1)
+    assert not plan_kda(p, H200_SMS, segment_chunks=0).segments.chunks
+
+
+def _disjoint_below(ranges, bound):
+    """The [start, stop) ranges are in order, do not overlap, and end at or below `bound`."""
+    end = 0
+    for start, stop in ranges:
+        assert start >= end and stop >= start
+        end = max(end, stop)
+    assert end <= bound
+
+
+@pytest.mark.parametrize("seg", [1, 2, 3, 16, 1000])
+@pytest.mark.parametrize("C", [16, 32])
+def test_device_numbering_of_varlen_chunks_and_segments_fits_the_grids(seg, C):
+    """kda_chunk.cuh numbers sequence n's chunk records from base(n) = floor(cu[n] / C) + n, its
+    segments from floor(base(n) / seg) + n and its map slots from floor(base(n) / seg), with no
+    prefix sum: for any lengths (gaps before and after the sequences too) the ranges of the
+    sequences never overlap and fit the planner's grids."""
+    rng = np.random.default_rng(seg + C)
+    for _ in range(100):
+        lengths = rng.integers(0, 3000, size=rng.integers(1, 9)) * rng.integers(0, 2, size=1)
+        lengths[rng.integers(0, len(lengths))] += rng.integers(0, 20000)
+        lead, trail = rng.integers(0, 40, size=2)
+        cu = lead + np.concatenate([[0], np.cumsum(lengths)])
+        T = int(cu[-1] + trail)
+        p = problem(1, T, 2, 128, len(lengths), True, C)
+        plan = plan_kda(p, H200_SMS, segment_chunks=seg)
+        chunks = [-(-int(n) // C) for n in lengths]
+        base = [int(cu[n]) // C + n for n in range(len(lengths))]
+        nseg = [max(1, -(-c // seg)) for c in chunks]
+        _disjoint_below([(b, b + c) for b, c in zip(base, chunks)], plan.chunk_slots)
+        _disjoint_below([(b // seg + n, b // seg + n + k) for n, (b, k) in enumerate(zip(base, nseg))],
+                        plan.segments.slots)
+        _disjoint_below([(b // seg, b // seg + k - 1) for b, k in zip(base, nseg)], plan.segments.map_slots)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "4", True])
+def test_bad_segment_chunks_is_named(bad):
+    with pytest.raises(ValueError, match="segment_chunks must be a non-negative int"):
+        plan_kda(problem(1, 4096, 2, 128, 1, False), H200_SMS, segment_chunks=bad)
+
+
 def test_kda_family_is_registered():
     specs = registry.specs("kda", "sm_90a")
     templates = {s.template for s in specs}
-    assert templates == {"kda_prepare", "kda_recurrence"}
+    assert templates == {"kda_prepare", "kda_recurrence", "kda_scan"}
     rec = [s.param_dict for s in specs if s.template == "kda_recurrence"]
-    assert {(r["K"], r["C"], r["WARPS"]) for r in rec} >= {(128, 16, w) for w in (1, 2, 4, 8)}
+    assert {(r["K"], r["C"], r["WARPS"], r["MAP"]) for r in rec} >= {(128, 16, w, m) for w in (1, 2, 4, 8)
+                                                                     for m in (False, True)}
     assert {r["VFIRST"] for r in rec} == {False, True}
     prep = [s.param_dict for s in specs if s.template == "kda_prepare"]
     assert {p["GATE"] for p in prep} == {0, 1, 2} and {p["BETA"] for p in prep} == {0, 1, 2}
@@ -474,35 +535,57 @@ def test_kda_family_is_registered():
 
 # ---- the launch sequence, offline: fake device, workspace and kernels ----
 class _FakeKernel:
+    """Records the launches of its launchers: (name, grid, block, smem, args, spec)."""
+
     def __init__(self, name, spec, log):
         self.name, self.spec, self.log = name, spec, log
 
-    def launch(self, grid, block, args, smem, stream):
-        from pykda.runtime.launch import param_layout
-        param_layout(args)   # every argument has a kernel parameter type
-        self.log.append((self.name, grid, block, smem, args, self.spec))
+    def launcher_for(self, sig):
+        kernel = self
+
+        class Launcher:
+            def config(self, grid, block, smem):
+                return grid, block, smem
+
+            def __call__(self, config, args, stream):
+                from pykda.runtime.launch import param_layout
+                assert runtime.signature(args) == sig
+                param_layout(args)   # every argument has a kernel parameter type
+                kernel.log.append((kernel.name, *config, args, kernel.spec))
+        return Launcher()
 
 
 WORKSPACE = 1 << 32
 
 
+class _Log(list):
+    """The launches, in order; `workspaces` the bytes of each workspace taken."""
+    workspaces: list
+
+
 @pytest.fixture
 def offline(monkeypatch):
-    from pykda import runtime
     from pykda.ops import kda
+    from pykda.runtime import arrays, tensormap
     from pykda.runtime.device import DeviceInfo
-    log = []
+    log = _Log()
+    log.workspaces = []
     info = DeviceInfo(0, "fake H200", (9, 0), 132, 232448, 233472, 60 << 20)
+
+    def workspace(ref, stream, nbytes, zeroed=0):
+        log.workspaces.append(nbytes)
+        return object(), WORKSPACE
     monkeypatch.setattr(runtime, "require_gpu", lambda: None)
     monkeypatch.setattr(runtime, "device_info", lambda i: info)
-    monkeypatch.setattr(runtime, "workspace", lambda ref, stream, nbytes, zeroed=0: (object(), WORKSPACE))
+    monkeypatch.setattr(runtime, "workspace", workspace)
     monkeypatch.setattr(runtime, "get_kernel", lambda spec, dev, name: _FakeKernel(name, spec, log))
-    monkeypatch.setattr(runtime, "encode_tiled", lambda *a, **k: bytes(128))
-    monkeypatch.setattr(kda, "as_device_array", lambda x, name: x)
-    monkeypatch.setattr(kda, "launch_stream", lambda ref, stream=None: 0)
-    monkeypatch.setattr(kda, "to_framework", lambda ref, x: x)
-    monkeypatch.setattr(kda, "empty_like_framework", lambda ref, shape, dtype: arr(shape, dtype, ptr=BASE * 2))
-    return log
+    monkeypatch.setattr(tensormap, "encode_tiled", lambda *a, **k: bytes(128))   # what TiledMaps calls
+    monkeypatch.setattr(arrays, "launch_stream", lambda ref, stream=None: 0)
+    monkeypatch.setattr(arrays, "to_framework", lambda ref, x: x)
+    monkeypatch.setattr(arrays, "empty_like_framework", lambda ref, shape, dtype: arr(shape, dtype, ptr=BASE * 2))
+    kda.PREPARED.clear()   # prepared calls hold the fake kernels: none before, none left after
+    yield log
+    kda.PREPARED.clear()
 
 
 @pytest.mark.parametrize("varlen", [False, True])
@@ -517,15 +600,42 @@ def test_launch_sequence_offline(offline, varlen, state):
                             **SAFE_GATE_FLAGS._asdict(), state_v_first=True, initial_state=s0,
                             output_final_state=state is not None, cu_seqlens=cu)
     names = [entry[0] for entry in offline]
-    assert names == (["kda_chunk_offsets"] if varlen else []) + ["kda_prepare", "kda_recurrence"]
+    assert names == ["kda_prepare", "kda_recurrence"]   # sequences found from cu_seqlens on the device
     prep, rec = offline[-2], offline[-1]
-    assert prep[1] == ((T // 16 + 1 + N) if varlen else B * 7, H, 1)
+    assert prep[1] == (7 + N if varlen else B * 7, H, 1)
     warps = rec[2][0] // 32 - 1
-    assert rec[1] == (K // (16 * warps), H, N)
+    assert rec[1] == (K // (16 * warps) * N, H, 1)
     assert tuple(o.shape) == (B, T, H, K)
     assert (fs is None) == (state is None)
     if state:
         assert fs.dtype == state and tuple(fs.shape) == (N, H, K, K)
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_segmented_launch_sequence_offline(offline, varlen):
+    """Segments: the prepare kernel, pass 1 (MAP, [B; M] rows: twice the V splits, one CTA row per
+    map slot), the scan (16 rows per CTA, one per map slot) and pass 2 (one CTA row per segment);
+    the workspace holds the records, then the maps."""
+    B, T, H, K, seg = (1, 1000, 2, 128, 5) if varlen else (2, 1000, 2, 128, 5)
+    N = 3 if varlen else B
+    a = good(B=B, T=T, H=H, K=K)
+    a["cu_seqlens"] = arr((N + 1,), "int32") if varlen else None
+    pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), segment_chunks=seg, warps=4)
+    names = [entry[0] for entry in offline]
+    assert names == ["kda_prepare", "kda_recurrence", "kda_segment_scan", "kda_recurrence"]
+    pass1, scan, pass2 = offline[-3:]
+    assert pass1[5].param_dict["MAP"] is True and pass2[5].param_dict["MAP"] is False
+    cps = -(-T // 16)
+    chunks = cps + N if varlen else B * cps
+    maps = -(-chunks // seg) if varlen else B * (-(-cps // seg) - 1)
+    slots = maps + N if varlen else B * -(-cps // seg)
+    assert pass1[1] == (2 * 2 * maps, H, 1) and pass2[1] == (2 * slots, H, 1)   # 64-row CTAs: 2 V splits
+    assert scan[1] == (K // 16 * maps, H, 1) and scan[2] == (2 * K, 1, 1)
+    seg_args = pass2[4][-2:]
+    records = -(-chunks * H * record_bytes(K, 16) // 256) * 256
+    assert seg_args == (seg, WORKSPACE + records)
+    assert offline.workspaces == [records + maps * H * 2 * K * K * 4]
+    assert pass1[4] == pass2[4] and scan[4][:2] == (WORKSPACE + records, seg)
 
 
 def _prepare_args(entry):
@@ -561,8 +671,8 @@ def test_gate_modes_reach_the_kernels_offline(offline, flags, gate_args, templat
 
 def _recurrence_states(entry):
     """kda_recurrence's initial and final state pointers, bf16 flag, index pointer, its int64
-    flag, the pool rows and the has_initial_state pointer (its last 7 arguments)."""
-    return tuple(int(x) for x in entry[4][-7:])
+    flag, the pool rows and the has_initial_state pointer (the 7 arguments before the segments')."""
+    return tuple(int(x) for x in entry[4][-9:-2])
 
 
 @pytest.mark.parametrize("output_final_state", [False, True])
@@ -579,7 +689,8 @@ def test_pool_in_place_offline(offline, output_final_state):
                             initial_state=pool, state_indices=idx, has_initial_state=hi,
                             output_final_state=output_final_state)
     rec = offline[-1]
-    assert rec[1][2] == 3   # one CTA row per sequence
+    warps = rec[2][0] // 32 - 1
+    assert rec[1][0] == 3 * K // (16 * warps)   # one CTA per sequence and V split
     assert _recurrence_states(rec) == (BASE * 5, BASE * 5, 1, BASE * 6, 1, P, BASE * 7)
     assert (fs is pool) if output_final_state else (fs is None)
 

@@ -282,6 +282,7 @@ def test_ids_cover_every_gpu_file_once():
     assert len(set(sanitize.TESTS)) == len(sanitize.TESTS)
     files = {t.split("::")[0] for t in sanitize.TESTS}
     assert files == {"tests/test_decode_gpu.py", "tests/test_batch_decode_gpu.py", "tests/test_kda_gpu.py",
+                     "tests/test_kda_segments_gpu.py",
                      "tests/test_kda_decode_gpu.py", "tests/test_graphs_gpu.py"}
     assert all((ROOT / f).is_file() for f in files)
 

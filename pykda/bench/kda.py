@@ -9,6 +9,9 @@ lower_bound); "safe" is `lower_bound · sigmoid(exp(A_log) · (g + dt_bias))` wi
 softplus cells say so); fla is timed with the softplus gate, on FLA_SHAPES. States are V-first
 [N, H, V, K] fp32 for every op (`state_v_first=True`).
 
+Rows with a long sequence also time pykda's serial chunk chain ("serial": `segment_chunks=0`)
+beside its planned call, which splits such sequences into segments (column "x serial": the gain).
+
 The "pool" row repeats one shape (POOL_SHAPE) with the states read from and written back into
 rows of a pool larger than N (`initial_state=pool, state_indices=idx`), beside the contiguous
 `initial_state` call of the same shape timed in the same row."""
@@ -31,8 +34,9 @@ SHAPES = [
     (96, [8192], True), (96, [1300, 547, 2048, 963, 271, 3063], True), (96, [1024] * 8, True),
     (64, [8192], True), (64, [1300, 547, 2048, 963, 271, 3063], True), (64, [1024] * 8, True),
     (32, [32768], True), (32, [8192], False), (8, [32768], False), (16, [65536], False),
-    (8, [131072], False), (4, [262144], False),
+    (8, [131072], False), (4, [262144], False), (1, [1048576], False), (8, [131072] + [1024] * 63, False),
 ]
+SERIAL_FROM = 32768   # rows with a sequence this long also time pykda's serial path (segment_chunks=0)
 FLA_SHAPES = {0}   # fla autotunes ~90 s per new shape: time it on these only
 GATES = ("softplus", "safe")
 # chunk_kda's keywords of each gate mode (fla's names)
@@ -81,16 +85,19 @@ def _peers():
     return peers
 
 
-def _runners(x, params, cu, h0, peers, gate="softplus"):
+def _runners(x, params, cu, h0, peers, gate="softplus", serial=False):
     """name -> (callable returning (out, final_state)) in gate mode `gate`; a peer that does
-    not run that mode is left out."""
+    not run that mode is left out; with `serial` also pykda without segments."""
     import torch
     H = x["q"].shape[2]
     N = 1 if cu is None else cu.numel() - 1
     seq = [x[n] for n in ("q", "k", "v", "g", "beta")]
     fs_ours = torch.empty(N, H, D, D, device="cuda") if h0 is not None else None
-    run = {"pykda": lambda: chunk_kda(*seq, **params, **FLAGS[gate], state_v_first=True, initial_state=h0,
-                                      output_final_state=h0 is not None, final_state=fs_ours, cu_seqlens=cu)}
+    ours = lambda **kw: chunk_kda(*seq, **params, **FLAGS[gate], state_v_first=True, initial_state=h0,  # noqa: E731
+                                  output_final_state=h0 is not None, final_state=fs_ours, cu_seqlens=cu, **kw)
+    run = {"pykda": ours}
+    if serial:
+        run["serial"] = lambda: ours(segment_chunks=0)
     if "flashkda" in peers and gate in PEER_GATES["flashkda"]:
         out = torch.empty_like(x["v"])
         fs = torch.empty(N, H, D, D, device="cuda") if h0 is not None else None
@@ -137,7 +144,7 @@ def run(args):
             row = dict(H=H, T=T, N=N, state=with_state, gate=gate, floor_ms=floor_ms)
             if "flashkda" in peers and gate not in PEER_GATES["flashkda"]:
                 row["flashkda"], row["flashkda_error"] = None, UNBOUNDED
-            for name, fn in _runners(x, params, cu, h0, timed, gate).items():
+            for name, fn in _runners(x, params, cu, h0, timed, gate, serial=max(lengths) >= SERIAL_FROM).items():
                 _time(row, name, fn, timer)
             rows.append(row)
         if (H, lengths) == POOL_SHAPE and with_state:
@@ -216,8 +223,8 @@ def _accuracy(peers):
     return result
 
 
-NAMES = ("pykda", "flashkda", "fla")
-WIDTHS = {"pykda": 9, "flashkda": len(UNBOUNDED), "fla": 9}
+NAMES = ("pykda", "serial", "flashkda", "fla")
+WIDTHS = {"pykda": 9, "serial": 9, "flashkda": len(UNBOUNDED), "fla": 9}
 
 
 def _cell(r, name) -> str:
@@ -230,13 +237,15 @@ def _cell(r, name) -> str:
 
 def _print(rows, accuracy):
     print(f"\n{'H':>3} {'T':>7} {'N':>2} {'state':>5} {'gate':>8} {'floor ms':>8} " +
-          " ".join(f"{n + ' ms':>{WIDTHS[n]}}" for n in NAMES) + f" {'x FlashKDA':>10} {'x fla':>6} {'%floor':>6}")
+          " ".join(f"{n + ' ms':>{WIDTHS[n]}}" for n in NAMES) +
+          f" {'x serial':>8} {'x FlashKDA':>10} {'x fla':>6} {'%floor':>6}")
     for r in rows:
         ours = r.get("pykda")
         ratio = lambda n: f"{r[n] / ours:.2f}" if ours and r.get(n) else "-"
         pct = f"{100 * r['floor_ms'] / ours:.0f}" if ours else "-"
         print(f"{r['H']:3d} {r['T']:7d} {r['N']:2d} {str(r['state']):>5} {r['gate']:>8} {r['floor_ms']:8.3f} "
-              f"{' '.join(_cell(r, n) for n in NAMES)} {ratio('flashkda'):>10} {ratio('fla'):>6} {pct:>6}")
+              f"{' '.join(_cell(r, n) for n in NAMES)} {ratio('serial'):>8} {ratio('flashkda'):>10} {ratio('fla'):>6} "
+              f"{pct:>6}")
     for r in rows:
         if r["state"] == "pool":
             ratio = f"{r['pykda'] / r['contiguous']:.2f}" if r.get("pykda") and r.get("contiguous") else "-"

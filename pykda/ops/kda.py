@@ -2,13 +2,22 @@
 
 validate -> plan (V split, pipeline) -> specs -> kernels -> workspace + tensor map -> launch:
 
-1. `kda_chunk_offsets` (varlen only, one CTA): chunk_off[n] = Σ_{m<n} ceil(len_m / C) on the
-   device, so that no host synchronisation is needed (a call can be captured in a CUDA graph).
-2. `kda_prepare`, grid (chunk slots, H): token-parallel per (chunk, head) — L2 norm, gate,
+1. `kda_prepare`, grid (chunk slots, H): token-parallel per (chunk, head) — L2 norm, gate,
    sigmoid(beta), fp32 cumsum, decayed q/k, L and Mqk (mma.sync), (I + L)^-1 — one record per
    (chunk, head) in the workspace.
-3. `kda_recurrence`, grid (V / VS, H, N): the chunk recurrence with an fp32 state slice of
-   VS rows on chip, fed by a TMA/bulk-copy pipeline.
+2. `kda_recurrence`, grid (V / VS · sequences, H): the chunk recurrence with an fp32 state slice
+   of VS rows on chip, fed by a TMA/bulk-copy pipeline.
+
+Long sequences, where the chain of chunks would dominate, run in segments of `seg_chunks` chunks
+(DESIGN.md, "Segments and ranks"; `plan_segments` decides): `kda_recurrence` pass 1 (MAP) computes
+every segment's affine map [B; M] from zero in parallel, `kda_segment_scan` joins them into the
+segments' start states, and pass 2 (the kernel of step 2, one CTA per segment) writes the outputs
+and the final state.
+
+Every kernel finds its sequence, chunk records and segments from cu_seqlens on the device
+(kda_chunk.cuh: sequence n's records start at slot floor(cu[n] / C) + n, no prefix sum needed),
+so no host synchronisation happens and a call can be captured in a CUDA graph; the grids are
+sized by upper bounds and their spare CTAs exit.
 
 cu_seqlens contract (its values live on the device and are never read by the host, so they are
 not checked — only dtype, rank, contiguity and B = 1 are): non-decreasing values within [0, T].
@@ -19,14 +28,16 @@ access memory out of bounds, but the results for such input are undefined.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from .. import runtime
-from ..runtime.arrays import DeviceArray, as_device_array, empty_like_framework, launch_stream, to_framework
-from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim, check_same_device, check_shape, check_stages, resolve_scale)
+from ..runtime.arrays import CallArrays, DeviceArray, contiguous_strides
+from .checks import (Memo, check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim, check_same_device, check_shape, check_stages, resolve_scale)
 from .kda_variant import KdaFlags, KdaVariant, resolve_variant
 
 HEAD_DIMS = (64, 128)
@@ -37,8 +48,8 @@ PREP_THREADS = 128
 # kda_prepare's growth-factor form takes a chunk whose log2-decay G_C stays >= -GROWTH_LIMIT on
 # every key dim (2^-G fits fp32 and bf16); other chunks take the growth-free form
 GROWTH_LIMIT = 120.0
-MAX_SEQUENCES = 65535          # grid z of kda_recurrence
 DEFAULT_STAGES = {16: 4, 32: 3}
+SEGMENT_MIN_CHUNKS = 64        # the planner's smallest segment: ~30 µs of chain, well above two launches
 SPLIT_S = False                # state split into bf16 hi + lo for S·kdᵀ and S·qdᵀ
 
 
@@ -65,6 +76,11 @@ def _above_static_margin(smem: int) -> int:
     return 48 * 1024 + 16 if 48 * 1024 - 512 < smem <= 48 * 1024 else smem
 
 
+def map_bytes(K: int) -> int:
+    """Bytes of one (map slot, head) of the segmented recurrence: [B; M] fp32, [2V][K]."""
+    return 2 * K * K * 4
+
+
 def recurrence_smem_bytes(K: int, C: int, warps: int, stages: int) -> int:
     vtile = C * 16 * warps * 2
     stage = -(-(-(-vtile // 128) * 128 + record_bytes(K, C)) // 128) * 128
@@ -87,44 +103,102 @@ class KdaProblem:
 
 
 @dataclass(frozen=True)
+class KdaSegments:
+    """The segmented recurrence (kda_chunk.cuh's KdaSegment); chunks = 0: none."""
+    chunks: int           # chunks per segment
+    per_seq: int          # segments of every sequence (fixed length; 1 with varlen)
+    slots: int            # pass 2's segments (an upper bound with varlen)
+    map_slots: int        # pass 1's map slots, every segment but each sequence's last (a bound likewise)
+
+
+NO_SEGMENTS = KdaSegments(0, 1, 0, 0)
+
+
+@dataclass(frozen=True)
 class KdaPlan:
     warps: int            # consumer warps per recurrence CTA; VS = 16·warps state rows
     stages: int
     chunk_slots: int      # grid x of kda_prepare (an upper bound on the chunk count with varlen)
     prep_smem: int
     rec_smem: int
+    segments: KdaSegments = NO_SEGMENTS
 
     @property
     def v_split(self) -> int:
         return 16 * self.warps
 
 
-def plan_kda(p: KdaProblem, sm_count: int, warps: int | None = None, stages: int | None = None) -> KdaPlan:
-    """Split V across CTAs until sequences x heads x splits covers ~all SMs (90%; 16 rows minimum)."""
+def chunk_bound(p: "KdaProblem") -> int:
+    """The chunk slots: B·ceil(T / C), or with varlen ceil(T / C) + N (kda_chunk.cuh: sequence n's
+    records start at slot floor(cu[n] / C) + n)."""
+    cps = -(-p.seq_len // p.chunk)
+    return cps + p.n_seq if p.varlen else p.batch * cps
+
+
+def plan_segments(p: "KdaProblem", sm_count: int, segment_chunks: int | None) -> KdaSegments:
+    """Segments where the chain of chunks dominates (segment_chunks None), none (0), or of
+    `segment_chunks` chunks. With fixed lengths, only when too few chains (B·H·V/16 warps) fill
+    the GPU, and a segment then gets about one SM's share of the call's chunk·heads. With varlen
+    the lengths stay on the device (the grids are sized by upper bounds, their spare CTAs exit):
+    half a share, so that a long sequence among short ones splits finely enough for the short
+    ones' work to fill in beside it, and a sequence shorter than that is not split at all."""
+    cps = -(-p.seq_len // p.chunk)
+    if segment_chunks is None:
+        share = -(-chunk_bound(p) * p.heads // sm_count)
+        if p.varlen:
+            segment_chunks = max(SEGMENT_MIN_CHUNKS, share // 2)
+        else:
+            few_chains = p.batch * p.heads * p.head_dim // 16 < sm_count
+            segment_chunks = max(SEGMENT_MIN_CHUNKS, share) if few_chains else 0
+        if cps < 2 * segment_chunks:
+            segment_chunks = 0
+    if segment_chunks == 0 or p.n_seq == 0:
+        return NO_SEGMENTS
+    if p.varlen:   # kda_chunk.cuh: map slots from floor(base(n) / seg), segments from there + n
+        maps = -(-chunk_bound(p) // segment_chunks)
+        return KdaSegments(segment_chunks, 1, maps + p.n_seq, maps)
+    per = max(1, -(-cps // segment_chunks))
+    return KdaSegments(segment_chunks, per, p.batch * per, p.batch * (per - 1))
+
+
+def plan_kda(p: KdaProblem, sm_count: int, warps: int | None = None, stages: int | None = None,
+             segment_chunks: int | None = None) -> KdaPlan:
+    """Segments (plan_segments); then split V across CTAs until sequences (or segments) x heads x
+    splits covers ~all SMs (90%; 16 rows minimum)."""
     K, C = p.head_dim, p.chunk
+    if segment_chunks is not None:
+        if isinstance(segment_chunks, bool) or not isinstance(segment_chunks, (int, np.integer)) or segment_chunks < 0:
+            raise ValueError(f"segment_chunks must be a non-negative int (0: no segments); got {segment_chunks!r}")
+        segment_chunks = int(segment_chunks)
+    segments = plan_segments(p, sm_count, segment_chunks)
     if warps is None:
         options = [w for w in (8, 4, 2, 1) if 16 * w <= K]
-        warps = next((w for w in options if p.n_seq * p.heads * (K // (16 * w)) >= 0.9 * sm_count), options[-1])
+        chains = segments.slots if segments.chunks else p.n_seq
+        warps = next((w for w in options if chains * p.heads * (K // (16 * w)) >= 0.9 * sm_count), options[-1])
     if warps not in (1, 2, 4, 8) or 16 * warps > K:
         raise ValueError(f"warps must be 1, 2, 4 or 8 with 16·warps <= {K}; got {warps}")
     stages = stages or DEFAULT_STAGES[C]
-    cps = -(-p.seq_len // C)
-    slots = cps + p.n_seq if p.varlen else p.batch * cps
-    return KdaPlan(warps=warps, stages=stages, chunk_slots=slots,
+    return KdaPlan(warps=warps, stages=stages, chunk_slots=chunk_bound(p),
                    prep_smem=_above_static_margin(prepare_smem_bytes(K, C, bounded_gate(p))),
-                   rec_smem=_above_static_margin(recurrence_smem_bytes(K, C, warps, stages)))
+                   rec_smem=_above_static_margin(recurrence_smem_bytes(K, C, warps, stages)), segments=segments)
 
 
 def kda_specs(p: KdaProblem, plan: KdaPlan, arch: str, split_s: bool | None = None) -> tuple[runtime.KernelSpec, ...]:
+    """(prepare, recurrence), then with segments (pass 1, scan)."""
     split_s = SPLIT_S if split_s is None else split_s
     prep = runtime.KernelSpec.make("kda_prepare", {"K": p.head_dim, "C": p.chunk, "GROWTH_LIMIT": GROWTH_LIMIT,
                                                    "BOUNDED": bounded_gate(p), **p.variant.template_params()},
-                                   arch, kernels=("kda_chunk_offsets", "kda_prepare"))
-    rec = runtime.KernelSpec.make("kda_recurrence", {"K": p.head_dim, "C": p.chunk, "WARPS": plan.warps,
-                                                     "STAGES": plan.stages, "SPLIT_S": bool(split_s),
-                                                     "VFIRST": p.v_first},
-                                  arch, kernels=("kda_recurrence",))
-    return prep, rec
+                                   arch, kernels=("kda_prepare",))
+
+    def recurrence(map_pass: bool) -> runtime.KernelSpec:
+        return runtime.KernelSpec.make("kda_recurrence", {"K": p.head_dim, "C": p.chunk, "WARPS": plan.warps,
+                                                          "STAGES": plan.stages, "SPLIT_S": bool(split_s),
+                                                          "VFIRST": p.v_first, "MAP": map_pass},
+                                       arch, kernels=("kda_recurrence",))
+    if not plan.segments.chunks:
+        return prep, recurrence(False)
+    scan = runtime.KernelSpec.make("kda_scan", {"K": p.head_dim, "C": p.chunk}, arch, kernels=("kda_segment_scan",))
+    return prep, recurrence(False), recurrence(True), scan
 
 
 def check_kda_inputs(q: DeviceArray, k: DeviceArray, v: DeviceArray, g: DeviceArray,
@@ -178,12 +252,8 @@ def validate_kda(q: DeviceArray, k: DeviceArray, v: DeviceArray, g: DeviceArray,
         if B != 1:
             raise ValueError(f"with cu_seqlens the batch size B must be 1 (sequences are packed along T); got B={B}")
         N = cu_seqlens.shape[0] - 1
-        if N > MAX_SEQUENCES:
-            raise ValueError(f"cu_seqlens holds {N} sequences; at most {MAX_SEQUENCES} are supported")
     else:
         N = B
-        if B > MAX_SEQUENCES:
-            raise ValueError(f"batch size B={B} exceeds {MAX_SEQUENCES}")
     state_layout = "[N, H, V, K]" if state_v_first else "[N, H, K, V]"
     rows = N
     if state_indices is not None:
@@ -230,15 +300,115 @@ def validate_kda(q: DeviceArray, k: DeviceArray, v: DeviceArray, g: DeviceArray,
                       v_first=bool(state_v_first), pool_rows=rows)
 
 
-def v_tensor_map(v: DeviceArray, vs: int, chunk: int) -> np.ndarray:
-    """4-D map (V, H, T, B) over v in place, box (VS, 1, C, 1); rows past T read as zeros."""
+def v_tensor_maps(v: DeviceArray, vs: int, chunk: int) -> runtime.TiledMaps:
+    """4-D maps (V, H, T, B) over arrays laid out as v, box (VS, 1, C, 1); rows past T read as zeros."""
     B, T, H, V = v.shape
     sb, st, sh = (s * 2 for s in v.strides[:3])
     # size-1 dims: any valid stride will do (never stepped over)
     sh = sh if H > 1 else V * 2
     st = st if T > 1 else max(sh * H, 16)
     sb = sb if B > 1 else max(st * T, 16)
-    return runtime.encode_tiled("v", "bfloat16", v.ptr, (V, H, T, B), (sh, st, sb), (vs, 1, chunk, 1))
+    return runtime.TiledMaps("v", "bfloat16", (V, H, T, B), (sh, st, sb), (vs, 1, chunk, 1))
+
+
+# the kernels' parameters, in order, as `runtime.signature` gives them (pointers as int)
+I32, I64, F32 = np.int32, np.int64, np.float32
+PREPARE_SIGNATURE = (int, I64, I64, I64) * 4 + (int, int, int, I32, I32, I32, F32, F32, int)
+RECURRENCE_SIGNATURE = (128, int, int, I32, I32, I32, int, I64, I64, I64, int, int, I32, int, I32, I32, int, I32, int)
+SCAN_SIGNATURE = (int, I32, int, I32, I32, I32)
+
+
+class KdaLaunch(NamedTuple):
+    launcher: runtime.Launcher
+    config: runtime.LaunchConfig
+
+
+def _launch_of(spec: runtime.KernelSpec, device: int, name: str, sig: tuple, grid: tuple, threads: int,
+               smem: int) -> KdaLaunch:
+    """The launcher of kernel `name` of `spec` (compiled on first use) and its configuration."""
+    launcher = runtime.get_kernel(spec, device, name).launcher_for(sig)
+    return KdaLaunch(launcher, launcher.config(grid, (threads, 1, 1), smem))
+
+
+class KdaCall(NamedTuple):
+    """What a call's launches need besides the pointers, the workspace and the stream."""
+    problem: KdaProblem
+    plan: KdaPlan
+    prepare: KdaLaunch | None        # None without chunks
+    map_pass: KdaLaunch | None       # segments: pass 1, then the scan
+    scan: KdaLaunch | None
+    recurrence: KdaLaunch
+    v_maps: runtime.TiledMaps | None   # None without tokens (the map is then never read)
+    in_strides: tuple                # q, k, g, beta: 3 element strides each (np.int64)
+    o_strides: tuple                 # of out (given or new): batch, token, head
+    scalars: tuple                   # cu_is64, N, T, lower_bound, scale, state_bf16, idx_is64, pool rows, seg chunks
+    pooled: bool                     # the final states go back into the pool (initial_state)
+    new_final: bool                  # a final-state array is made by the call
+    returns_final: bool              # the call returns the final state (or the pool)
+    workspace: tuple                 # bytes, and where the maps start (after the records)
+
+
+def _workspace_layout(p: KdaProblem, plan: KdaPlan) -> tuple[int, int]:
+    """(bytes, maps at): the (chunk slot, head) records, then the (map slot, head) maps, 256-byte aligned."""
+    maps_at = -(-plan.chunk_slots * p.heads * record_bytes(p.head_dim, p.chunk) // 256) * 256
+    return max(maps_at + plan.segments.map_slots * p.heads * map_bytes(p.head_dim), 16), maps_at
+
+
+def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state, cu_seqlens,
+                      out, final_state, scale, flags, state_v_first, chunk_size, warps, stages, segment_chunks,
+                      output_final_state) -> KdaCall:
+    """Validate a call, plan it and make everything its launches need but the pointers, the
+    workspace and the stream (kernels compiled on first use)."""
+    p = validate_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state, cu_seqlens,
+                     out, final_state, flags, state_v_first, chunk_size)
+    scale = resolve_scale(scale, p.head_dim)
+    check_stages(stages)
+    runtime.require_gpu()
+    dev = runtime.device_info(q.device)
+    plan = plan_kda(p, dev.sm_count, warps, stages, segment_chunks)
+    smem = max(plan.rec_smem, plan.prep_smem)
+    if smem > dev.smem_per_block_optin:
+        raise ValueError(f"the plan needs {smem} bytes of shared memory per block; the device allows "
+                         f"{dev.smem_per_block_optin} (use fewer stages)")
+    specs = kda_specs(p, plan, dev.arch)
+    B, T, H, K, N, C = p.batch, p.seq_len, p.heads, p.head_dim, p.n_seq, p.chunk
+    seg = plan.segments
+    rec_threads = (plan.warps + 1) * 32
+    rows = K // plan.v_split
+    launch = functools.partial(_launch_of, device=q.device)
+    prepare = map_pass = scan = None
+    if plan.chunk_slots > 0 and T > 0:
+        prepare = launch(specs[0], name="kda_prepare", sig=PREPARE_SIGNATURE, grid=(plan.chunk_slots, H, 1),
+                         threads=PREP_THREADS, smem=plan.prep_smem)
+    if seg.chunks and seg.map_slots:
+        map_pass = launch(specs[2], name="kda_recurrence", sig=RECURRENCE_SIGNATURE,
+                          grid=(2 * rows * seg.map_slots, H, 1), threads=rec_threads, smem=plan.rec_smem)
+        scan = launch(specs[3], name="kda_segment_scan", sig=SCAN_SIGNATURE, grid=(K // 16 * seg.map_slots, H, 1),
+                      threads=2 * K, smem=0)
+    slots = seg.slots if seg.chunks else N
+    recurrence = launch(specs[1], name="kda_recurrence", sig=RECURRENCE_SIGNATURE, grid=(rows * slots, H, 1),
+                        threads=rec_threads, smem=plan.rec_smem)
+    v_maps = None
+    if T > 0:
+        v_maps = v_tensor_maps(v, plan.v_split, C)
+        v_maps(v.ptr)   # the geometry checked (TensorMapError names v) before any launch
+    in_strides = tuple(I64(x) for a in (q, k, g, beta) for x in a.strides[:3])
+    o_strides = tuple(map(I64, (out.strides if out is not None else contiguous_strides((B, T, H, K)))[:3]))
+    pooled = state_indices is not None
+    want_final = output_final_state or final_state is not None or pooled
+    scalars = (I32(cu_seqlens is not None and cu_seqlens.dtype == "int64"), I32(N), I32(T),
+               F32(p.variant.lower_bound), F32(scale), I32(p.state_dtype == "bfloat16"),
+               I32(pooled and state_indices.dtype == "int64"), I32(p.pool_rows), I32(seg.chunks))
+    return KdaCall(p, plan, prepare, map_pass, scan, recurrence, v_maps, in_strides, o_strides, scalars,
+                   pooled, want_final and final_state is None and not pooled,
+                   want_final and (output_final_state or not pooled), _workspace_layout(p, plan))
+
+
+ARGUMENTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "state_indices", "has_initial_state",
+             "cu_seqlens", "out", "final_state")
+REQUIRED = 5   # q .. beta
+# prepared calls by the arguments' key (CallArrays) and the settings: a repeated call is one key compare
+PREPARED = Memo(lambda arrays, settings: prepare_chunk_kda(*arrays.views(), *settings))
 
 
 def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, output_final_state: bool = False,
@@ -247,8 +417,8 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
               lower_bound: float | None = None, state_v_first: bool = False, cu_seqlens=None, cu_seqlens_cpu=None,
               *, A_log=None, dt_bias=None, state_indices=None, has_initial_state=None, out=None, final_state=None,
               chunk_size: int = 16, stream=None, warps: int | None = None, stages: int | None = None,
-              disable_recompute: bool = False, use_graph: bool = False, max_num_seqs: int | None = None,
-              return_intermediate_states: bool = False, cp_context=None):
+              segment_chunks: int | None = None, disable_recompute: bool = False, use_graph: bool = False,
+              max_num_seqs: int | None = None, return_intermediate_states: bool = False, cp_context=None):
     """Chunked Kimi Delta Attention forward (prefill), with fla's `chunk_kda` arguments.
 
     q, k: [B, T, H, K] bf16; v: [B, T, H, V] bf16; g: [B, T, H, K] bf16 or fp32; beta: [B, T, H]
@@ -274,6 +444,8 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
       written. `cu_seqlens_cpu`, `use_graph`, `max_num_seqs` and `disable_recompute` are accepted
       for fla's callers and change nothing: the values of cu_seqlens are never read by the host,
       so every call can be captured in a CUDA graph.
+    - Long sequences run in segments where the chain of chunks would dominate (`plan_segments`);
+      `segment_chunks` overrides it: 0 for none, else chunks per segment.
     - `chunk_size` 16 or 32; `warps`, `stages` override the planner.
     Returns (o [B, T, H, V] bf16 in q's framework (or `out`), final_state or None).
     """
@@ -282,66 +454,38 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
     if return_intermediate_states:
         raise ValueError("return_intermediate_states is not supported yet")
     del cu_seqlens_cpu, disable_recompute, use_graph, max_num_seqs   # nothing to do with them (see above)
-    flags = KdaFlags(bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel), bool(use_beta_sigmoid_in_kernel),
-                     bool(allow_neg_eigval), bool(safe_gate), lower_bound)
-    qa, ka, va, ga, ba = (as_device_array(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (g, "g"), (beta, "beta")))
-    opt = {name: (as_device_array(x, name) if x is not None else None) for name, x in (
-        ("A_log", A_log), ("dt_bias", dt_bias), ("initial_state", initial_state), ("state_indices", state_indices),
-        ("has_initial_state", has_initial_state), ("cu_seqlens", cu_seqlens), ("out", out), ("final_state", final_state))}
-    p = validate_kda(qa, ka, va, ga, ba, *opt.values(), flags, state_v_first, chunk_size)
-    Aa, da, s0, idx, hia, cua, oa, fa = opt.values()
-    scale = resolve_scale(scale, p.head_dim)
-    check_stages(stages)
-    runtime.require_gpu()
-    dev = runtime.device_info(qa.device)
-    plan = plan_kda(p, dev.sm_count, warps, stages)
-    if max(plan.rec_smem, plan.prep_smem) > dev.smem_per_block_optin:
-        raise ValueError(f"the plan needs {max(plan.rec_smem, plan.prep_smem)} bytes of shared memory per "
-                         f"block; the device allows {dev.smem_per_block_optin} (use fewer stages)")
-    prep_spec, rec_spec = kda_specs(p, plan, dev.arch)
-    strm = launch_stream(qa, stream)
-
-    B, T, H, K, N, C = p.batch, p.seq_len, p.heads, p.head_dim, p.n_seq, p.chunk
-    pooled = idx is not None
-    want_final = output_final_state or final_state is not None or pooled
+    arrays = CallArrays((q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state,
+                         cu_seqlens, out, final_state), ARGUMENTS, REQUIRED)
+    settings = (scale, KdaFlags(bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel),
+                                bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), bool(safe_gate), lower_bound),
+                bool(state_v_first), chunk_size, warps, stages, segment_chunks, bool(output_final_state))
+    call = PREPARED.get((arrays.key, settings), arrays, settings)
+    p = call.problem
+    q_p, k_p, v_p, g_p, b_p, a_p, dt_p, s0_p, idx_p, hi_p, cu_p, o_p, fs_p = arrays.ptrs   # 0 for None
     if out is None:
-        out = empty_like_framework(qa, (B, T, H, K), "bfloat16")
-        oa = as_device_array(out, "out")
-    if pooled:
-        final_state, fa = initial_state, s0
-    elif want_final and final_state is None:
-        final_state = empty_like_framework(qa, (N, H, K, K), p.state_dtype)
-        fa = as_device_array(final_state, "final_state")
+        out, o_p = arrays.new_empty(0, (p.batch, p.seq_len, p.heads, p.head_dim), "bfloat16")
+    if call.pooled:
+        final_state, fs_p = initial_state, s0_p
+    elif call.new_final:
+        final_state, fs_p = arrays.new_empty(0, (p.n_seq, p.heads, p.head_dim, p.head_dim), p.state_dtype)
     # returned: the pool only when asked for; a final_state buffer the caller gave, always
-    returned = final_state if (output_final_state or not pooled) and want_final else None
-    returned = to_framework(qa, returned) if returned is not None else None
-    if N == 0:   # an empty batch: nothing to compute
-        return to_framework(qa, out), returned
+    returned = arrays.result(final_state) if call.returns_final else None
+    if p.n_seq == 0:   # an empty batch: nothing to compute
+        return arrays.result(out), returned
 
-    off_bytes = -(-(N + 1) * 4 // 256) * 256 if p.varlen else 0
-    ws_owner, ws = runtime.workspace(q, strm, off_bytes + plan.chunk_slots * H * record_bytes(K, C) + 16)   # held to the last launch
-    chunk_off, records = (ws if p.varlen else 0), ws + off_bytes
-    cu_ptr, cu_is64 = (cua.ptr, int(cua.dtype == "int64")) if p.varlen else (0, 0)
-    i32, i64 = np.int32, np.int64
-    if p.varlen:
-        runtime.get_kernel(prep_spec, qa.device, "kda_chunk_offsets").launch(
-            (1, 1, 1), (1024, 1, 1), (cu_ptr, i32(cu_is64), i32(N), i32(T), chunk_off), 0, strm)
-    if plan.chunk_slots > 0 and T > 0:
-        strides = []
-        for a in (qa, ka, ga, ba):
-            strides += [a.ptr] + [i64(s) for s in a.strides[:3]]
-        runtime.get_kernel(prep_spec, qa.device, "kda_prepare").launch(
-            (plan.chunk_slots, H, 1), (PREP_THREADS, 1, 1),
-            (*strides, Aa.ptr if Aa is not None else 0, da.ptr if da is not None else 0, cu_ptr, i32(cu_is64),
-             i32(N), i32(T), chunk_off, np.float32(p.variant.lower_bound), np.float32(scale), records),
-            plan.prep_smem, strm)
-    vmap = v_tensor_map(va, plan.v_split, C) if T > 0 else bytes(128)   # never read without chunks
-    runtime.get_kernel(rec_spec, qa.device, "kda_recurrence").launch(
-        (K // plan.v_split, H, N), ((plan.warps + 1) * 32, 1, 1),
-        (vmap, records, chunk_off, cu_ptr, i32(cu_is64), i32(T),
-         oa.ptr, i64(oa.strides[0]), i64(oa.strides[1]), i64(oa.strides[2]),
-         s0.ptr if s0 is not None else 0, fa.ptr if fa is not None else 0, i32(p.state_dtype == "bfloat16"),
-         idx.ptr if pooled else 0, i32(pooled and idx.dtype == "int64"), i32(p.pool_rows),
-         hia.ptr if hia is not None else 0),
-        plan.rec_smem, strm)
-    return to_framework(qa, out), returned
+    strm = arrays.stream(stream)
+    cu_is64, n_seq, T, lower_bound, scale, state_bf16, idx_is64, pool_rows, seg_chunks = call.scalars
+    nbytes, maps_at = call.workspace
+    ws_owner, records = runtime.workspace(q, strm, nbytes)   # held to the last launch
+    maps = records + maps_at if seg_chunks else 0
+    if call.prepare:
+        s = call.in_strides
+        call.prepare.launcher(call.prepare.config, (q_p, *s[0:3], k_p, *s[3:6], g_p, *s[6:9], b_p, *s[9:12], a_p, dt_p,
+                                                    cu_p, cu_is64, n_seq, T, lower_bound, scale, records), strm)
+    rec_args = (call.v_maps(v_p) if call.v_maps else bytes(128), records, cu_p, cu_is64, T, n_seq, o_p,
+                *call.o_strides, s0_p, fs_p, state_bf16, idx_p, idx_is64, pool_rows, hi_p, seg_chunks, maps)
+    if call.map_pass:   # segments: pass 1, the scan
+        call.map_pass.launcher(call.map_pass.config, rec_args, strm)
+        call.scan.launcher(call.scan.config, (maps, seg_chunks, cu_p, cu_is64, T, n_seq), strm)
+    call.recurrence.launcher(call.recurrence.config, rec_args, strm)
+    return arrays.result(out), returned

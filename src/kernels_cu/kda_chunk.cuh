@@ -47,6 +47,102 @@ PYKDA_DEVICE void kda_seq_bounds(const void* cu, int cu_is64, int n, int T, int&
 }
 
 
+// ---- where a sequence's chunks and segments live ----
+// No prefix sum over the batch is needed (no extra kernel, no host synchronisation): sequence n's
+// chunk records are the slots from base(n) = n·ceil(T / C) (fixed length) or floor(begin_n / C) + n
+// (varlen). Varlen ranges never overlap, since base(n+1) − base(n) = floor(begin_{n+1} / C) −
+// floor(begin_n / C) + 1 >= ceil(len_n / C), and end below ceil(T / C) + N (the grid's bound).
+struct KdaSeq {
+  int n, b;            // sequence, and its batch row (0 with varlen)
+  int begin, end;      // its tokens [begin, end)
+  int chunks;          // ceil((end − begin) / C)
+  long long base;      // its first chunk slot
+};
+PYKDA_DEVICE long long kda_chunk_base(const void* cu, int cu_is64, int n, int T, int C) {
+  if (cu == nullptr) return (long long)n * ((T + C - 1) / C);
+  const long long b = kda_cu_at(cu, cu_is64, n);
+  return (b < 0 ? 0 : (b > T ? T : b)) / C + n;   // begin_n as kda_seq_bounds clamps it
+}
+PYKDA_DEVICE KdaSeq kda_sequence(const void* cu, int cu_is64, int n, int T, int C) {
+  KdaSeq s;
+  s.n = n;
+  s.b = cu == nullptr ? n : 0;
+  kda_seq_bounds(cu, cu_is64, n, T, s.begin, s.end);
+  s.chunks = (s.end - s.begin + C - 1) / C;
+  s.base = kda_chunk_base(cu, cu_is64, n, T, C);
+  return s;
+}
+// The last n in [0, N) with key(n) <= z, for key non-decreasing in n (with a malformed
+// cu_seqlens: some n in range).
+template <typename Key> PYKDA_DEVICE int kda_last_at_most(int N, long long z, Key key) {
+  int lo = 0, hi = N - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (key(mid) <= z) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+// The sequence owning chunk slot x (varlen; fixed length: x / ceil(T / C)).
+PYKDA_DEVICE int kda_sequence_of_slot(long long x, const void* cu, int cu_is64, int N, int T, int C) {
+  if (cu == nullptr) return int(x / ((T + C - 1) / C));
+  return kda_last_at_most(N, x, [&](int m) { return kda_chunk_base(cu, cu_is64, m, T, C); });
+}
+
+// Segments of `seg` chunks (kda_recurrence, kda_segment_scan): sequence n has
+// nseg_n = max(1, ceil(chunks_n / seg)) of them, numbered from sbase(n), and a map slot for each
+// but its last, numbered from mbase(n). Fixed length: every sequence has per = max(1, ceil(ceil(T /
+// C) / seg)), sbase(n) = n·per, mbase(n) = n·(per − 1). Varlen: sbase(n) = floor(base(n) / seg) + n
+// and mbase(n) = floor(base(n) / seg), which grow by at least nseg_n and nseg_n − 1 from one
+// sequence to the next (as base does by chunks_n) and stay below ceil((ceil(T / C) + N) / seg) + N
+// and ceil((ceil(T / C) + N) / seg).
+struct KdaSegments {
+  int nseg;             // the sequence's segments
+  long long first;      // its first segment
+  long long first_map;  // its first map slot
+};
+PYKDA_DEVICE int kda_segments_per_sequence(int seg, int T, int C) {   // fixed length
+  return max(1, ((T + C - 1) / C + seg - 1) / seg);
+}
+PYKDA_DEVICE KdaSegments kda_segments(const KdaSeq& s, int seg, bool varlen, int T, int C) {
+  const int per = kda_segments_per_sequence(seg, T, C);
+  KdaSegments r;
+  r.nseg = max(1, (s.chunks + seg - 1) / seg);
+  r.first = varlen ? s.base / seg + s.n : (long long)s.n * per;
+  r.first_map = varlen ? s.base / seg : (long long)s.n * (per - 1);
+  return r;
+}
+struct KdaSegment {
+  KdaSeq s;
+  KdaSegments all;      // the sequence's segments
+  int j;                // this one (< 0: the index is past the last one)
+};
+// Segment number idx (in_maps: map slot number idx); seg = 0: sequence idx, whole.
+PYKDA_DEVICE KdaSegment kda_segment_of(long long idx, bool in_maps, int seg, const void* cu, int cu_is64, int N,
+                                       int T, int C) {
+  KdaSegment g;
+  g.j = -1;
+  if (seg == 0) {
+    g.s = kda_sequence(cu, cu_is64, int(idx), T, C);
+    g.all = KdaSegments{1, idx, 0};
+    g.j = 0;
+    return g;
+  }
+  const int sub = in_maps ? 1 : 0, per = kda_segments_per_sequence(seg, T, C);
+  int n;
+  if (cu == nullptr) {
+    n = per - sub > 0 ? int(idx / (per - sub)) : N;
+  } else {
+    n = kda_last_at_most(N, idx, [&](int m) { return kda_chunk_base(cu, cu_is64, m, T, C) / seg + (in_maps ? 0 : m); });
+  }
+  if (n >= N) return g;
+  g.s = kda_sequence(cu, cu_is64, n, T, C);
+  g.all = kda_segments(g.s, seg, cu != nullptr, T, C);
+  const long long j = idx - (in_maps ? g.all.first_map : g.all.first);
+  if (j >= 0 && j < g.all.nseg - sub) g.j = int(j);
+  return g;
+}
+
 // Element offset of S[v][k] inside one [V, K] state (V-first, pykda's and FlashKDA's) or one
 // [K, V] state (K-first, fla's default); V = K.
 template <int K, bool VFIRST> PYKDA_DEVICE long long kda_state_offset(int v, int k) {

@@ -27,6 +27,13 @@ PYKDA_DEVICE void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
 }
 
+// Split two fp32 values into bf16x2 hi and lo parts: x ≈ hi + lo to ~16 bits.
+PYKDA_DEVICE void split_bf16x2(float x, float y, uint32_t& hi, uint32_t& lo) {
+  hi = pack2<bf16_t>(x, y);
+  const float2 h = unpack2(hi, bf16_t{});
+  lo = pack2<bf16_t>(x - h.x, y - h.y);
+}
+
 // D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. A: 4 regs, B: 2 regs, D: 4 floats.
 // Fragment layout (lane = 4*g + t): A a0:(g, 2t..2t+1) a1:(g+8, ..) a2:(g, 2t+8..) a3:(g+8, 2t+8..);
 // B b0:(k=2t..2t+1, n=g) b1:(k=2t+8.., n=g); D d0,d1:(g, 2t..2t+1) d2,d3:(g+8, 2t..2t+1).
