@@ -45,9 +45,9 @@ for their caches); otherwise it skips the graph ("mutated inputs") and runs the 
 
 Differences from the eager functions, each because an op's arguments are tensors and numbers:
 no ``stream=`` (the ops launch on torch's current stream: ``with torch.cuda.stream(s):``);
-chunk_kda's ``cp_context`` must be None; the wrappers drop chunk_kda's ``cu_seqlens_cpu``,
-which changes nothing in pykda (a CPU tensor in a compiled graph would keep Inductor from
-recording a CUDA graph). Tensor arguments that are keyword-only in the eager functions
+chunk_kda's ``cp_context`` must be None; the wrappers drop chunk_kda's ``cu_seqlens_cpu``, a
+planning hint only (a CPU tensor in a compiled graph would keep Inductor from recording a CUDA
+graph), so the ops plan segments as without it. Tensor arguments that are keyword-only in the eager functions
 (``state_indices``, ``out``, ...) may also be given by position to the raw ops (their schemas
 keep tensors positional, as ``torch.library.custom_op`` requires); by keyword, calls read the same.
 
@@ -173,7 +173,8 @@ def _chunk_kda_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scal
                   A_log: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
                   state_indices: Optional[Tensor] = None, has_initial_state: Optional[Tensor] = None,
                   out: Optional[Tensor] = None, final_state: Optional[Tensor] = None, *, chunk_size: int = 16,
-                  warps: Optional[int] = None, stages: Optional[int] = None, disable_recompute: bool = False,
+                  warps: Optional[int] = None, stages: Optional[int] = None, segment_chunks: Optional[int] = None,
+                  disable_recompute: bool = False,
                   use_graph: bool = False, max_num_seqs: Optional[int] = None,
                   return_intermediate_states: bool = False) -> Tuple[Tensor, Tensor]:
     """pykda.chunk_kda as a torch op: returns (o, final_state), each a placeholder (0 elements)
@@ -184,8 +185,8 @@ def _chunk_kda_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scal
         use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, state_v_first, cu_seqlens,
         cu_seqlens_cpu, A_log=A_log, dt_bias=dt_bias, state_indices=state_indices,
         has_initial_state=has_initial_state, out=out, final_state=final_state, chunk_size=chunk_size, warps=warps,
-        stages=stages, disable_recompute=disable_recompute, use_graph=use_graph, max_num_seqs=max_num_seqs,
-        return_intermediate_states=return_intermediate_states)
+        stages=stages, segment_chunks=segment_chunks, disable_recompute=disable_recompute, use_graph=use_graph,
+        max_num_seqs=max_num_seqs, return_intermediate_states=return_intermediate_states)
     return ((o if out is None else _placeholder(q)),
             (fs if _new_final_state(output_final_state, state_indices, final_state) else _placeholder(q)))
 
@@ -195,7 +196,8 @@ def _(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False
       use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False,
       lower_bound=None, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None, A_log=None, dt_bias=None,
       state_indices=None, has_initial_state=None, out=None, final_state=None, *, chunk_size=16, warps=None,
-      stages=None, disable_recompute=False, use_graph=False, max_num_seqs=None, return_intermediate_states=False):
+      stages=None, segment_chunks=None, disable_recompute=False, use_graph=False, max_num_seqs=None,
+      return_intermediate_states=False):
     B, T, H, K = q.shape
     o = q.new_empty((B, T, H, K), dtype=torch.bfloat16) if out is None else _placeholder(q)
     if not _new_final_state(output_final_state, state_indices, final_state):
@@ -277,19 +279,19 @@ def chunk_kda(q, k, v, g, beta, scale: Optional[float] = None, initial_state=Non
               lower_bound: Optional[float] = None, state_v_first: bool = False, cu_seqlens=None, cu_seqlens_cpu=None,
               *, A_log=None, dt_bias=None, state_indices=None, has_initial_state=None, out=None, final_state=None,
               chunk_size: int = 16, warps: Optional[int] = None, stages: Optional[int] = None,
-              disable_recompute: bool = False, use_graph: bool = False, max_num_seqs: Optional[int] = None,
-              return_intermediate_states: bool = False, cp_context=None):
+              segment_chunks: Optional[int] = None, disable_recompute: bool = False, use_graph: bool = False,
+              max_num_seqs: Optional[int] = None, return_intermediate_states: bool = False, cp_context=None):
     """`pykda.chunk_kda` through torch.ops.pykda (traceable by torch.compile); same arguments
     but `stream` (torch's current stream is used), same results: (o or `out`, the new final
     state, `final_state`, the pool `initial_state` (with `state_indices` and
-    `output_final_state`) or None). `cu_seqlens_cpu` is dropped (it changes nothing)."""
+    `output_final_state`) or None). `cu_seqlens_cpu` is dropped (the op plans without it)."""
     if cp_context is not None:   # not a tensor: cannot cross the op's boundary
         raise ValueError("cp_context (fla's context parallelism) is not supported by chunk_kda")
     del cu_seqlens_cpu
     o, fs = _CHUNK(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                    use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
                    state_v_first, cu_seqlens, None, A_log, dt_bias, state_indices, has_initial_state, out,
-                   final_state, chunk_size=chunk_size, warps=warps, stages=stages,
+                   final_state, chunk_size=chunk_size, warps=warps, stages=stages, segment_chunks=segment_chunks,
                    disable_recompute=disable_recompute, use_graph=use_graph, max_num_seqs=max_num_seqs,
                    return_intermediate_states=return_intermediate_states)
     if out is not None:

@@ -333,7 +333,10 @@ def fake_chunk_kda(calls):
     def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                   use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
                   allow_neg_eigval=False, safe_gate=False, lower_bound=None, state_v_first=False, cu_seqlens=None,
-                  *, A_log=None, dt_bias=None, state_indices=None, final_state=None):
+                  cu_seqlens_cpu=None, *, A_log=None, dt_bias=None, state_indices=None, final_state=None):
+        assert (cu_seqlens_cpu is None) == (cu_seqlens is None), "varlen calls pass the host copy"
+        if cu_seqlens is not None:
+            assert torch.equal(cu_seqlens_cpu, cu_seqlens.cpu())
         flags = dict(use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
                      use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, lower_bound=lower_bound)
         assert state_v_first and not allow_neg_eigval
@@ -386,7 +389,7 @@ def kda_bench_on_cpu(monkeypatch):
                       use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
                       allow_neg_eigval=False, safe_gate=False, lower_bound=None, state_v_first=False,
                       cu_seqlens=None, **kwargs):
-        assert set(kwargs) == {"A_log", "dt_bias"} and state_v_first
+        assert set(kwargs) == {"A_log", "dt_bias", "cu_seqlens_cpu"} and state_v_first
         flags = dict(use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
                      use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, lower_bound=lower_bound)
         calls["fla"].append(flags)

@@ -294,7 +294,7 @@ def test_fla_only_keywords_are_accepted_and_change_nothing(offline):
     pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a))
     plain = [entry[:4] for entry in offline]
     offline.clear()
-    pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), cu_seqlens_cpu=object(),
+    pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a),
                     disable_recompute=True, use_graph=True, max_num_seqs=7, cp_context=None,
                     return_intermediate_states=False)
     assert [entry[:4] for entry in offline] == plain
@@ -460,6 +460,18 @@ def test_shared_memory_fits_an_h200_block():
                 assert recurrence_smem_bytes(K, C, w, stages) <= 227 * 1024
 
 
+@pytest.mark.parametrize("lengths, H", [([131072] + [1024] * 63, 8), ([1300, 547, 2048, 963, 271, 3063], 64)])
+def test_varlen_plans_split_only_sequences_longer_than_a_share(lengths, H):
+    """With varlen the planner cannot see the lengths: a sequence of more than one SM's share of
+    chunk·heads would split into thirds of a share; shorter ones (all of them, in the second
+    batch) stay whole on the device."""
+    p = problem(1, sum(lengths), H, 128, len(lengths), True)
+    seg = plan_kda(p, H200_SMS).segments
+    share = -(-(-(-sum(lengths) // 16) + len(lengths)) * H // H200_SMS)
+    assert (seg.chunks, seg.split_above) == (max(64, share // 3), share)
+    assert (max(lengths) // 16 > seg.split_above) is (H == 8)
+
+
 @pytest.mark.parametrize("B, T, H, K, segmented", [
     (1, 32768, 8, 128, True),      # 8 heads x 8 splits: a chain of 2048 chunks on 64 warps
     (1, 65536, 16, 128, True),
@@ -493,9 +505,10 @@ def _disjoint_below(ranges, bound):
 @pytest.mark.parametrize("C", [16, 32])
 def test_device_numbering_of_varlen_chunks_and_segments_fits_the_grids(seg, C):
     """kda_chunk.cuh numbers sequence n's chunk records from base(n) = floor(cu[n] / C) + n, its
-    segments from floor(base(n) / seg) + n and its map slots from floor(base(n) / seg), with no
-    prefix sum: for any lengths (gaps before and after the sequences too) the ranges of the
-    sequences never overlap and fit the planner's grids."""
+    segments from floor(base(n) / seg) + n, its map slots from floor(base(n) / seg) and, if it can
+    have 3 segments, its scan candidate index n or floor(base(n) / (2·seg + 1)), with no prefix sum: for
+    any lengths (gaps before and after the sequences too) the ranges of the sequences never
+    overlap and fit the planner's grids."""
     rng = np.random.default_rng(seg + C)
     for _ in range(100):
         lengths = rng.integers(0, 3000, size=rng.integers(1, 9)) * rng.integers(0, 2, size=1)
@@ -512,6 +525,10 @@ def test_device_numbering_of_varlen_chunks_and_segments_fits_the_grids(seg, C):
         _disjoint_below([(b // seg + n, b // seg + n + k) for n, (b, k) in enumerate(zip(base, nseg))],
                         plan.segments.slots)
         _disjoint_below([(b // seg, b // seg + k - 1) for b, k in zip(base, nseg)], plan.segments.map_slots)
+        span, N = 2 * seg + 1, len(lengths)
+        index = (lambda n, b: n) if plan.segments.scan_candidates == N else (lambda n, b: b // span)
+        _disjoint_below([(index(n, b), index(n, b) + 1) for n, (b, k) in enumerate(zip(base, nseg)) if k >= 3],
+                        plan.segments.scan_candidates)
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "4", True])
@@ -630,12 +647,13 @@ def test_segmented_launch_sequence_offline(offline, varlen):
     maps = -(-chunks // seg) if varlen else B * (-(-cps // seg) - 1)
     slots = maps + N if varlen else B * -(-cps // seg)
     assert pass1[1] == (2 * 2 * maps, H, 1) and pass2[1] == (2 * slots, H, 1)   # 64-row CTAs: 2 V splits
-    assert scan[1] == (K // 16 * maps, H, 1) and scan[2] == (2 * K, 1, 1)
-    seg_args = pass2[4][-2:]
+    candidates = min((cps + N) // (2 * seg + 1) + 1, N) if varlen else B   # sequences of 3 segments or more
+    assert scan[1] == (K // 16 * candidates, H, 1) and scan[2] == (2 * K, 1, 1)
+    seg_args = pass2[4][-3:]
     records = -(-chunks * H * record_bytes(K, 16) // 256) * 256
-    assert seg_args == (seg, WORKSPACE + records)
+    assert seg_args == (seg, 0, WORKSPACE + records)   # every sequence longer than a segment splits
     assert offline.workspaces == [records + maps * H * 2 * K * K * 4]
-    assert pass1[4] == pass2[4] and scan[4][:2] == (WORKSPACE + records, seg)
+    assert pass1[4] == pass2[4] and scan[4][:3] == (WORKSPACE + records, seg, 0)
 
 
 def _prepare_args(entry):
@@ -672,7 +690,7 @@ def test_gate_modes_reach_the_kernels_offline(offline, flags, gate_args, templat
 def _recurrence_states(entry):
     """kda_recurrence's initial and final state pointers, bf16 flag, index pointer, its int64
     flag, the pool rows and the has_initial_state pointer (the 7 arguments before the segments')."""
-    return tuple(int(x) for x in entry[4][-9:-2])
+    return tuple(int(x) for x in entry[4][-10:-3])
 
 
 @pytest.mark.parametrize("output_final_state", [False, True])
@@ -740,4 +758,35 @@ def test_a_bad_lower_bound_is_named_where_the_gate_mode_does_not_read_it(offline
     with pytest.raises(ValueError, match="lower_bound must be finite and <= 0"):
         pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"],
                         **PRECOMPUTED_FLAGS._replace(lower_bound=lower_bound)._asdict())
+    assert offline == []
+
+
+@pytest.mark.parametrize("lengths, segmented", [([1300, 547, 2048, 963, 271, 3063], False),
+                                                ([60000, 1000, 3000, 1], True)])
+def test_cu_seqlens_cpu_tells_the_planner_the_longest_sequence_offline(offline, lengths, segmented):
+    """Without cu_seqlens_cpu a varlen call at 64 heads plans segment passes (a sequence could be
+    long); with it the planner skips them where no sequence is longer than a share."""
+    H, T = 64, sum(lengths)
+    a = good(B=1, T=T, H=H)
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    a["cu_seqlens"] = arr((len(lengths) + 1,), "int32")
+    pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a))
+    assert "kda_segment_scan" in [e[0] for e in offline]
+    offline.clear()
+    for host in (cu, cu.tolist(), cu.astype(np.int32)):
+        pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), cu_seqlens_cpu=host)
+        assert ("kda_segment_scan" in [e[0] for e in offline]) is segmented
+        offline.clear()
+
+
+def test_bad_cu_seqlens_cpu_is_named(offline):
+    a = good(B=1, T=5000, H=2)
+    a["cu_seqlens"] = arr((3,), "int32")
+    with pytest.raises(ValueError, match="cu_seqlens_cpu must be 1-D integers"):
+        pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), cu_seqlens_cpu=object())
+    with pytest.raises(ValueError, match="cu_seqlens_cpu must be 1-D integers"):
+        pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), cu_seqlens_cpu=[[0, 5000]])
+    a["cu_seqlens"] = None
+    with pytest.raises(ValueError, match="cu_seqlens_cpu is given without cu_seqlens"):
+        pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), cu_seqlens_cpu=[0, 5000])
     assert offline == []

@@ -68,6 +68,30 @@ def test_the_planner_segments_a_long_sequence_of_few_heads():
     assert rel(o, f64(o1)) <= 1e-3 and rel(fs, f64(fs1)) <= 1e-3
 
 
+def test_the_planner_splits_only_the_long_sequences_of_a_varlen_batch():
+    """Varlen, planned: the sequences longer than a share split (here 40000 and 3000 tokens),
+    the short ones stay whole beside them; the output (poisoned first) and the final states
+    equal the serial path's."""
+    lengths = [40000, 100, 17, 0, 3000, 1]
+    x, s0 = make(1, sum(lengths), 2, 128, seed=171, state_dtype="float32", N=len(lengths))
+    cu = cu_of(lengths)
+    args = [as_device_array(x[n], n) for n in ("q", "k", "v", "g", "beta")]
+    p = validate_kda(*args, None, None, as_device_array(s0, "s0"), None, None, as_device_array(cu, "cu"), None, None,
+                     KdaFlags(True, False, True, False, False, None), True, 16)
+    seg = plan_kda(p, torch.cuda.get_device_properties(0).multi_processor_count).segments
+    chunks = [-(-n // 16) for n in lengths]
+    assert seg.split_above > 0 and sum(c > seg.split_above for c in chunks) >= 1
+    assert sum(c <= seg.split_above for c in chunks) >= 3
+    o, fs, o1, fs1 = segmented_and_serial(x, SOFTPLUS, None, initial_state=s0, output_final_state=True, cu_seqlens=cu)
+    assert torch.isfinite(o).all(), "every output row written"
+    assert rel(o, f64(o1)) <= 1e-3 and rel(fs, f64(fs1)) <= 1e-3
+    whole = [n for n, c in enumerate(chunks) if c <= seg.split_above]
+    rows = torch.cat([torch.arange(int(cu[n]), int(cu[n + 1])) for n in whole]).cuda()
+    assert torch.equal(o[:, rows], o1[:, rows]) and torch.equal(fs[whole], fs1[whole]), "unsplit: bit for bit"
+    o_ref, s_ref = ref(x, None, s0, cu, flags=SOFTPLUS)
+    assert rel(o, o_ref) <= 3e-3 and rel(fs, s_ref) <= 3e-3
+
+
 @pytest.mark.parametrize("state", ["float32", "bfloat16"])
 def test_segments_on_the_state_pool_in_place(state):
     """A sequence's first segment reads its pool row while its last writes it: the start state is

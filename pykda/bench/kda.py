@@ -11,6 +11,8 @@ softplus cells say so); fla is timed with the softplus gate, on FLA_SHAPES. Stat
 
 Rows with a long sequence also time pykda's serial chunk chain ("serial": `segment_chunks=0`)
 beside its planned call, which splits such sequences into segments (column "x serial": the gain).
+Varlen calls pass `cu_seqlens_cpu` (to pykda and fla), as fla's callers do: pykda plans its
+segments with it.
 
 The "pool" row repeats one shape (POOL_SHAPE) with the states read from and written back into
 rows of a pool larger than N (`initial_state=pool, state_indices=idx`), beside the contiguous
@@ -93,8 +95,10 @@ def _runners(x, params, cu, h0, peers, gate="softplus", serial=False):
     N = 1 if cu is None else cu.numel() - 1
     seq = [x[n] for n in ("q", "k", "v", "g", "beta")]
     fs_ours = torch.empty(N, H, D, D, device="cuda") if h0 is not None else None
+    cu_cpu = cu.cpu() if cu is not None else None   # the host copy fla's callers pass: pykda plans with it
     ours = lambda **kw: chunk_kda(*seq, **params, **FLAGS[gate], state_v_first=True, initial_state=h0,  # noqa: E731
-                                  output_final_state=h0 is not None, final_state=fs_ours, cu_seqlens=cu, **kw)
+                                  output_final_state=h0 is not None, final_state=fs_ours, cu_seqlens=cu,
+                                  cu_seqlens_cpu=cu_cpu, **kw)
     run = {"pykda": ours}
     if serial:
         run["serial"] = lambda: ours(segment_chunks=0)
@@ -111,7 +115,7 @@ def _runners(x, params, cu, h0, peers, gate="softplus", serial=False):
         def fla():
             return peers["fla"](*seq, scale=D ** -0.5, initial_state=h0, output_final_state=h0 is not None,
                                 **FLAGS[gate], A_log=params["A_log"], dt_bias=params["dt_bias"].flatten(),
-                                state_v_first=True, cu_seqlens=cu)
+                                state_v_first=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)
         run["fla"] = fla
     return run
 
@@ -177,7 +181,8 @@ def _pool_row(x, params, cu, h0, timer, floor_ms, gate=POOL_GATE) -> dict:
     pool = 0.05 * torch.randn(P, H, D, D, generator=g, device="cuda")
     pool[rows] = h0
     seq = [x[n] for n in ("q", "k", "v", "g", "beta")]
-    flags = dict(FLAGS[gate], state_v_first=True, cu_seqlens=cu, **params)
+    flags = dict(FLAGS[gate], state_v_first=True, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu() if cu is not None else None,
+                 **params)
     fs = torch.empty_like(h0)
     contiguous = lambda: chunk_kda(*seq, **flags, initial_state=h0, final_state=fs)   # noqa: E731
     pooled = lambda: chunk_kda(*seq, **flags, initial_state=pool, state_indices=idx)   # noqa: E731

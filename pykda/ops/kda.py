@@ -81,6 +81,12 @@ def map_bytes(K: int) -> int:
     return 2 * K * K * 4
 
 
+def scan_smem_bytes(K: int) -> int:
+    """kda_segment_scan's dynamic shared memory: two stages of M [K][K+4] and 16 B rows, then the
+    state rows [2][16][K+4], fp32."""
+    return (2 * (K + 16) + 2 * 16) * (K + 4) * 4
+
+
 def recurrence_smem_bytes(K: int, C: int, warps: int, stages: int) -> int:
     vtile = C * 16 * warps * 2
     stage = -(-(-(-vtile // 128) * 128 + record_bytes(K, C)) // 128) * 128
@@ -106,12 +112,14 @@ class KdaProblem:
 class KdaSegments:
     """The segmented recurrence (kda_chunk.cuh's KdaSegment); chunks = 0: none."""
     chunks: int           # chunks per segment
+    split_above: int      # sequences of more chunks split (varlen; 0 with fixed lengths)
     per_seq: int          # segments of every sequence (fixed length; 1 with varlen)
     slots: int            # pass 2's segments (an upper bound with varlen)
     map_slots: int        # pass 1's map slots, every segment but each sequence's last (a bound likewise)
+    scan_candidates: int  # sequences that may have 3 segments or more (a bound likewise)
 
 
-NO_SEGMENTS = KdaSegments(0, 1, 0, 0)
+NO_SEGMENTS = KdaSegments(0, 0, 1, 0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -135,34 +143,38 @@ def chunk_bound(p: "KdaProblem") -> int:
     return cps + p.n_seq if p.varlen else p.batch * cps
 
 
-def plan_segments(p: "KdaProblem", sm_count: int, segment_chunks: int | None) -> KdaSegments:
+def plan_segments(p: "KdaProblem", sm_count: int, segment_chunks: int | None, longest: int | None = None
+                  ) -> KdaSegments:
     """Segments where the chain of chunks dominates (segment_chunks None), none (0), or of
-    `segment_chunks` chunks. With fixed lengths, only when too few chains (B·H·V/16 warps) fill
-    the GPU, and a segment then gets about one SM's share of the call's chunk·heads. With varlen
-    the lengths stay on the device (the grids are sized by upper bounds, their spare CTAs exit):
-    half a share, so that a long sequence among short ones splits finely enough for the short
-    ones' work to fill in beside it, and a sequence shorter than that is not split at all."""
+    `segment_chunks` chunks for every sequence longer than that. A chain dominates when it is
+    longer than one SM's share of the call's chunk·heads. With fixed lengths that is the case of
+    too few chains (B·H·V/16 warps) for the GPU, and segments get a share each. With varlen the
+    lengths stay on the device (the grids are sized by upper bounds, their spare CTAs exit): the
+    sequences longer than a share split into thirds of a share, finely enough for the short ones'
+    work to fill in beside them; the others stay whole. `longest` (chunks; from cu_seqlens_cpu,
+    rounded up) lets the host skip segments where no sequence is that long."""
     cps = -(-p.seq_len // p.chunk)
+    split_above = 0
     if segment_chunks is None:
-        share = -(-chunk_bound(p) * p.heads // sm_count)
+        share = max(SEGMENT_MIN_CHUNKS, -(-chunk_bound(p) * p.heads // sm_count))
         if p.varlen:
-            segment_chunks = max(SEGMENT_MIN_CHUNKS, share // 2)
+            segment_chunks, split_above = max(SEGMENT_MIN_CHUNKS, share // 3), share
         else:
-            few_chains = p.batch * p.heads * p.head_dim // 16 < sm_count
-            segment_chunks = max(SEGMENT_MIN_CHUNKS, share) if few_chains else 0
-        if cps < 2 * segment_chunks:
-            segment_chunks = 0
+            segment_chunks = share if p.batch * p.heads * p.head_dim // 16 < sm_count else 0
+        if min(cps, cps if longest is None else longest) <= max(split_above, 2 * segment_chunks - 1):
+            segment_chunks = 0   # no sequence is long enough
     if segment_chunks == 0 or p.n_seq == 0:
         return NO_SEGMENTS
     if p.varlen:   # kda_chunk.cuh: map slots from floor(base(n) / seg), segments from there + n
         maps = -(-chunk_bound(p) // segment_chunks)
-        return KdaSegments(segment_chunks, 1, maps + p.n_seq, maps)
+        bound = (cps + p.n_seq) // (max(split_above, 2 * segment_chunks) + 1) + 1   # kda_scan_bound
+        return KdaSegments(segment_chunks, split_above, 1, maps + p.n_seq, maps, min(bound, p.n_seq))
     per = max(1, -(-cps // segment_chunks))
-    return KdaSegments(segment_chunks, per, p.batch * per, p.batch * (per - 1))
+    return KdaSegments(segment_chunks, 0, per, p.batch * per, p.batch * (per - 1), p.batch)
 
 
 def plan_kda(p: KdaProblem, sm_count: int, warps: int | None = None, stages: int | None = None,
-             segment_chunks: int | None = None) -> KdaPlan:
+             segment_chunks: int | None = None, longest: int | None = None) -> KdaPlan:
     """Segments (plan_segments); then split V across CTAs until sequences (or segments) x heads x
     splits covers ~all SMs (90%; 16 rows minimum)."""
     K, C = p.head_dim, p.chunk
@@ -170,7 +182,7 @@ def plan_kda(p: KdaProblem, sm_count: int, warps: int | None = None, stages: int
         if isinstance(segment_chunks, bool) or not isinstance(segment_chunks, (int, np.integer)) or segment_chunks < 0:
             raise ValueError(f"segment_chunks must be a non-negative int (0: no segments); got {segment_chunks!r}")
         segment_chunks = int(segment_chunks)
-    segments = plan_segments(p, sm_count, segment_chunks)
+    segments = plan_segments(p, sm_count, segment_chunks, longest)
     if warps is None:
         options = [w for w in (8, 4, 2, 1) if 16 * w <= K]
         chains = segments.slots if segments.chunks else p.n_seq
@@ -314,8 +326,9 @@ def v_tensor_maps(v: DeviceArray, vs: int, chunk: int) -> runtime.TiledMaps:
 # the kernels' parameters, in order, as `runtime.signature` gives them (pointers as int)
 I32, I64, F32 = np.int32, np.int64, np.float32
 PREPARE_SIGNATURE = (int, I64, I64, I64) * 4 + (int, int, int, I32, I32, I32, F32, F32, int)
-RECURRENCE_SIGNATURE = (128, int, int, I32, I32, I32, int, I64, I64, I64, int, int, I32, int, I32, I32, int, I32, int)
-SCAN_SIGNATURE = (int, I32, int, I32, I32, I32)
+RECURRENCE_SIGNATURE = (128, int, int, I32, I32, I32, int, I64, I64, I64, int, int, I32, int, I32, I32, int, I32, I32,
+                        int)
+SCAN_SIGNATURE = (int, I32, I32, int, I32, I32, I32)
 
 
 class KdaLaunch(NamedTuple):
@@ -341,7 +354,7 @@ class KdaCall(NamedTuple):
     v_maps: runtime.TiledMaps | None   # None without tokens (the map is then never read)
     in_strides: tuple                # q, k, g, beta: 3 element strides each (np.int64)
     o_strides: tuple                 # of out (given or new): batch, token, head
-    scalars: tuple                   # cu_is64, N, T, lower_bound, scale, state_bf16, idx_is64, pool rows, seg chunks
+    scalars: tuple                   # cu_is64, N, T, lower_bound, scale, state_bf16, idx_is64, pool rows, segments
     pooled: bool                     # the final states go back into the pool (initial_state)
     new_final: bool                  # a final-state array is made by the call
     returns_final: bool              # the call returns the final state (or the pool)
@@ -356,7 +369,7 @@ def _workspace_layout(p: KdaProblem, plan: KdaPlan) -> tuple[int, int]:
 
 def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state, cu_seqlens,
                       out, final_state, scale, flags, state_v_first, chunk_size, warps, stages, segment_chunks,
-                      output_final_state) -> KdaCall:
+                      longest, output_final_state) -> KdaCall:
     """Validate a call, plan it and make everything its launches need but the pointers, the
     workspace and the stream (kernels compiled on first use)."""
     p = validate_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state, cu_seqlens,
@@ -365,8 +378,10 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
     check_stages(stages)
     runtime.require_gpu()
     dev = runtime.device_info(q.device)
-    plan = plan_kda(p, dev.sm_count, warps, stages, segment_chunks)
-    smem = max(plan.rec_smem, plan.prep_smem)
+    if longest is not None and cu_seqlens is None:
+        raise ValueError("cu_seqlens_cpu is given without cu_seqlens")
+    plan = plan_kda(p, dev.sm_count, warps, stages, segment_chunks, longest)
+    smem = max(plan.rec_smem, plan.prep_smem, scan_smem_bytes(p.head_dim) if plan.segments.chunks else 0)
     if smem > dev.smem_per_block_optin:
         raise ValueError(f"the plan needs {smem} bytes of shared memory per block; the device allows "
                          f"{dev.smem_per_block_optin} (use fewer stages)")
@@ -383,8 +398,8 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
     if seg.chunks and seg.map_slots:
         map_pass = launch(specs[2], name="kda_recurrence", sig=RECURRENCE_SIGNATURE,
                           grid=(2 * rows * seg.map_slots, H, 1), threads=rec_threads, smem=plan.rec_smem)
-        scan = launch(specs[3], name="kda_segment_scan", sig=SCAN_SIGNATURE, grid=(K // 16 * seg.map_slots, H, 1),
-                      threads=2 * K, smem=0)
+        scan = launch(specs[3], name="kda_segment_scan", sig=SCAN_SIGNATURE, grid=(K // 16 * seg.scan_candidates, H, 1),
+                      threads=2 * K, smem=scan_smem_bytes(K))
     slots = seg.slots if seg.chunks else N
     recurrence = launch(specs[1], name="kda_recurrence", sig=RECURRENCE_SIGNATURE, grid=(rows * slots, H, 1),
                         threads=rec_threads, smem=plan.rec_smem)
@@ -398,10 +413,25 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
     want_final = output_final_state or final_state is not None or pooled
     scalars = (I32(cu_seqlens is not None and cu_seqlens.dtype == "int64"), I32(N), I32(T),
                F32(p.variant.lower_bound), F32(scale), I32(p.state_dtype == "bfloat16"),
-               I32(pooled and state_indices.dtype == "int64"), I32(p.pool_rows), I32(seg.chunks))
+               I32(pooled and state_indices.dtype == "int64"), I32(p.pool_rows), I32(seg.chunks), I32(seg.split_above))
     return KdaCall(p, plan, prepare, map_pass, scan, recurrence, v_maps, in_strides, o_strides, scalars,
                    pooled, want_final and final_state is None and not pooled,
                    want_final and (output_final_state or not pooled), _workspace_layout(p, plan))
+
+
+def longest_chunks(cu_seqlens_cpu, chunk_size: int) -> int:
+    """The longest sequence of a host copy of cu_seqlens, in chunks rounded up to 3 significant
+    bits (at most 1/4 more: a prepared call then serves many batches)."""
+    try:
+        cu = np.asarray(cu_seqlens_cpu)
+    except Exception as exc:   # a GPU tensor, say
+        raise TypeError(f"cu_seqlens_cpu must be a host array (a list, NumPy or a CPU tensor); got "
+                        f"{type(cu_seqlens_cpu).__name__}: {exc}") from exc
+    if cu.ndim != 1 or cu.shape[0] < 2 or cu.dtype.kind not in "iu":
+        raise ValueError(f"cu_seqlens_cpu must be 1-D integers [N + 1]; got shape {cu.shape}, dtype {cu.dtype}")
+    chunks = -(-max(int((cu[1:] - cu[:-1]).max()), 0) // chunk_size)
+    step = 1 << max(chunks.bit_length() - 3, 0)
+    return -(-chunks // step) * step
 
 
 ARGUMENTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "state_indices", "has_initial_state",
@@ -441,11 +471,14 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
       starts from zeros (its row is still written).
     - `cu_seqlens` (int32/int64 on the device, [N + 1], B = 1): packed variable-length sequences;
       see the module docstring for its contract. Output rows outside the sequences are never
-      written. `cu_seqlens_cpu`, `use_graph`, `max_num_seqs` and `disable_recompute` are accepted
-      for fla's callers and change nothing: the values of cu_seqlens are never read by the host,
-      so every call can be captured in a CUDA graph.
+      written. `use_graph`, `max_num_seqs` and `disable_recompute` are accepted for fla's callers
+      and change nothing: the values of cu_seqlens are never read by the host, so every call can
+      be captured in a CUDA graph.
     - Long sequences run in segments where the chain of chunks would dominate (`plan_segments`);
-      `segment_chunks` overrides it: 0 for none, else chunks per segment.
+      `segment_chunks` overrides it: 0 for none, else chunks per segment. With varlen the planner
+      cannot see the lengths on the device and may launch segment passes that find nothing to
+      split (tens of µs at 64 heads); `cu_seqlens_cpu` (a host copy, as fla takes it) lets it know
+      the longest sequence. A CUDA graph keeps the plan of its capture (any lengths stay correct).
     - `chunk_size` 16 or 32; `warps`, `stages` override the planner.
     Returns (o [B, T, H, V] bf16 in q's framework (or `out`), final_state or None).
     """
@@ -453,12 +486,13 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
         raise ValueError("cp_context (fla's context parallelism) is not supported by chunk_kda")
     if return_intermediate_states:
         raise ValueError("return_intermediate_states is not supported yet")
-    del cu_seqlens_cpu, disable_recompute, use_graph, max_num_seqs   # nothing to do with them (see above)
+    del disable_recompute, use_graph, max_num_seqs   # nothing to do with them (see above)
+    longest = longest_chunks(cu_seqlens_cpu, chunk_size) if cu_seqlens_cpu is not None and segment_chunks is None else None
     arrays = CallArrays((q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state,
                          cu_seqlens, out, final_state), ARGUMENTS, REQUIRED)
     settings = (scale, KdaFlags(bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel),
                                 bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), bool(safe_gate), lower_bound),
-                bool(state_v_first), chunk_size, warps, stages, segment_chunks, bool(output_final_state))
+                bool(state_v_first), chunk_size, warps, stages, segment_chunks, longest, bool(output_final_state))
     call = PREPARED.get((arrays.key, settings), arrays, settings)
     p = call.problem
     q_p, k_p, v_p, g_p, b_p, a_p, dt_p, s0_p, idx_p, hi_p, cu_p, o_p, fs_p = arrays.ptrs   # 0 for None
@@ -474,7 +508,7 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
         return arrays.result(out), returned
 
     strm = arrays.stream(stream)
-    cu_is64, n_seq, T, lower_bound, scale, state_bf16, idx_is64, pool_rows, seg_chunks = call.scalars
+    cu_is64, n_seq, T, lower_bound, scale, state_bf16, idx_is64, pool_rows, seg_chunks, split_above = call.scalars
     nbytes, maps_at = call.workspace
     ws_owner, records = runtime.workspace(q, strm, nbytes)   # held to the last launch
     maps = records + maps_at if seg_chunks else 0
@@ -483,9 +517,9 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
         call.prepare.launcher(call.prepare.config, (q_p, *s[0:3], k_p, *s[3:6], g_p, *s[6:9], b_p, *s[9:12], a_p, dt_p,
                                                     cu_p, cu_is64, n_seq, T, lower_bound, scale, records), strm)
     rec_args = (call.v_maps(v_p) if call.v_maps else bytes(128), records, cu_p, cu_is64, T, n_seq, o_p,
-                *call.o_strides, s0_p, fs_p, state_bf16, idx_p, idx_is64, pool_rows, hi_p, seg_chunks, maps)
+                *call.o_strides, s0_p, fs_p, state_bf16, idx_p, idx_is64, pool_rows, hi_p, seg_chunks, split_above, maps)
     if call.map_pass:   # segments: pass 1, the scan
         call.map_pass.launcher(call.map_pass.config, rec_args, strm)
-        call.scan.launcher(call.scan.config, (maps, seg_chunks, cu_p, cu_is64, T, n_seq), strm)
+        call.scan.launcher(call.scan.config, (maps, seg_chunks, split_above, cu_p, cu_is64, T, n_seq), strm)
     call.recurrence.launcher(call.recurrence.config, rec_args, strm)
     return arrays.result(out), returned

@@ -89,11 +89,12 @@ PYKDA_DEVICE int kda_sequence_of_slot(long long x, const void* cu, int cu_is64, 
   return kda_last_at_most(N, x, [&](int m) { return kda_chunk_base(cu, cu_is64, m, T, C); });
 }
 
-// Segments of `seg` chunks (kda_recurrence, kda_segment_scan): sequence n has
-// nseg_n = max(1, ceil(chunks_n / seg)) of them, numbered from sbase(n), and a map slot for each
-// but its last, numbered from mbase(n). Fixed length: every sequence has per = max(1, ceil(ceil(T /
-// C) / seg)), sbase(n) = n·per, mbase(n) = n·(per − 1). Varlen: sbase(n) = floor(base(n) / seg) + n
-// and mbase(n) = floor(base(n) / seg), which grow by at least nseg_n and nseg_n − 1 from one
+// Segments of `seg` chunks (kda_recurrence, kda_segment_scan). A sequence of more than
+// `split_above` chunks has nseg_n = ceil(chunks_n / seg) of them, a shorter one a single one; each
+// sequence has a map slot for every segment but its last. Fixed length (split_above 0): every
+// sequence has per = max(1, ceil(ceil(T / C) / seg)) segments, numbered from n·per, and map slots
+// from n·(per − 1). Varlen: segments numbered from sbase(n) = floor(base(n) / seg) + n and map slots
+// from mbase(n) = floor(base(n) / seg); these grow by at least nseg_n and nseg_n − 1 from one
 // sequence to the next (as base does by chunks_n) and stay below ceil((ceil(T / C) + N) / seg) + N
 // and ceil((ceil(T / C) + N) / seg).
 struct KdaSegments {
@@ -104,10 +105,10 @@ struct KdaSegments {
 PYKDA_DEVICE int kda_segments_per_sequence(int seg, int T, int C) {   // fixed length
   return max(1, ((T + C - 1) / C + seg - 1) / seg);
 }
-PYKDA_DEVICE KdaSegments kda_segments(const KdaSeq& s, int seg, bool varlen, int T, int C) {
+PYKDA_DEVICE KdaSegments kda_segments(const KdaSeq& s, int seg, int split_above, bool varlen, int T, int C) {
   const int per = kda_segments_per_sequence(seg, T, C);
   KdaSegments r;
-  r.nseg = max(1, (s.chunks + seg - 1) / seg);
+  r.nseg = s.chunks > split_above ? max(1, (s.chunks + seg - 1) / seg) : 1;
   r.first = varlen ? s.base / seg + s.n : (long long)s.n * per;
   r.first_map = varlen ? s.base / seg : (long long)s.n * (per - 1);
   return r;
@@ -118,8 +119,8 @@ struct KdaSegment {
   int j;                // this one (< 0: the index is past the last one)
 };
 // Segment number idx (in_maps: map slot number idx); seg = 0: sequence idx, whole.
-PYKDA_DEVICE KdaSegment kda_segment_of(long long idx, bool in_maps, int seg, const void* cu, int cu_is64, int N,
-                                       int T, int C) {
+PYKDA_DEVICE KdaSegment kda_segment_of(long long idx, bool in_maps, int seg, int split_above, const void* cu,
+                                       int cu_is64, int N, int T, int C) {
   KdaSegment g;
   g.j = -1;
   if (seg == 0) {
@@ -137,10 +138,30 @@ PYKDA_DEVICE KdaSegment kda_segment_of(long long idx, bool in_maps, int seg, con
   }
   if (n >= N) return g;
   g.s = kda_sequence(cu, cu_is64, n, T, C);
-  g.all = kda_segments(g.s, seg, cu != nullptr, T, C);
+  g.all = kda_segments(g.s, seg, split_above, cu != nullptr, T, C);
   const long long j = idx - (in_maps ? g.all.first_map : g.all.first);
   if (j >= 0 && j < g.all.nseg - sub) g.j = int(j);
   return g;
+}
+// The scan's candidate z: a sequence that may have 3 segments or more, i.e. more than
+// long_ = max(split_above, 2·seg) chunks. Fixed length: sequence z. Varlen: sequence z too when N
+// is at most bound = (ceil(T / C) + N) / (long_ + 1) + 1; else the one with
+// floor(base(n) / (long_ + 1)) = z, an index below the bound that no two such sequences share
+// (base grows by more than long_ past each). Others: nseg = 0.
+PYKDA_DEVICE long long kda_scan_bound(int seg, int split_above, int N, int T, int C) {
+  return ((T + C - 1) / C + (long long)N) / (max(split_above, 2 * seg) + 1) + 1;
+}
+PYKDA_DEVICE KdaSegments kda_scan_candidate(long long z, int seg, int split_above, const void* cu, int cu_is64, int N,
+                                            int T, int C) {
+  const KdaSegments none{0, 0, 0};
+  if (cu == nullptr || N <= kda_scan_bound(seg, split_above, N, T, C)) {
+    return z < N ? kda_segments(kda_sequence(cu, cu_is64, int(z), T, C), seg, split_above, cu != nullptr, T, C)
+                 : none;
+  }
+  const long long span = max(split_above, 2 * seg) + 1;
+  const int n = kda_last_at_most(N, z, [&](int m) { return kda_chunk_base(cu, cu_is64, m, T, C) / span; });
+  const KdaSeq s = kda_sequence(cu, cu_is64, n, T, C);
+  return s.base / span == z ? kda_segments(s, seg, split_above, true, T, C) : none;
 }
 
 // Element offset of S[v][k] inside one [V, K] state (V-first, pykda's and FlashKDA's) or one
