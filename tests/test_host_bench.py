@@ -367,12 +367,15 @@ def kda_bench_on_cpu(monkeypatch):
     monkeypatch.setattr(kbench, "FLA_SHAPES", {0})
     real_inputs = kbench._inputs
     monkeypatch.setattr(kbench, "_inputs", lambda H, lens, st, seed=0: real_inputs(H, [12] if H == 8 else lens, st, seed))
-    for name in ("randn", "rand", "randperm", "tensor", "empty", "ones"):
+    for name in ("randn", "rand", "randperm", "tensor", "empty", "ones", "zeros", "arange"):
         real = getattr(torch, name)
         monkeypatch.setattr(torch, name, lambda *a, _real=real, device=None, **k: _real(*a, **k))
     monkeypatch.setattr(torch, "Generator", lambda device=None: torch.random.default_generator.__class__())
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(kbench.timing, "start", lambda flush="read": (_Timer(), 4.0))
+    monkeypatch.setattr(kbench, "HOST_SHAPE", (2, [5, 3]))
+    monkeypatch.setattr(kbench.timing, "host_us", lambda fn, n=300, loops=3: (fn(), 12.5)[1])
+    monkeypatch.setattr(kbench.timing, "graph_host_us", lambda fn, n=300: (fn(), 3.25)[1])
     monkeypatch.setattr(kbench, "chunk_kda", fake_chunk_kda(calls["pykda"]))
 
     def flashkda_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
@@ -431,6 +434,8 @@ def test_bench_kda_gate_modes_pool_row_and_accuracy(kda_bench_on_cpu, capsys):
     out = capsys.readouterr().out
     assert kbench.UNBOUNDED in out and "pool in place (H=2 T=23 N=4, softplus gate, pool of 32 rows)" in out
     assert "accuracy, softplus gate" in out and "accuracy, safe gate" in out
+    assert result["host"] == dict(H=2, T=8, N=2, host_us=12.5, graph_us=3.25)
+    assert "host: chunk_kda (H=2 T=8 N=2, the pool, softplus gate): 12.5 µs per call, 3.2 µs per CUDA-graph" in out
 
 
 def test_bench_kda_pool_row_reports_a_pool_that_differs(kda_bench_on_cpu, monkeypatch):

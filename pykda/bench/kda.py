@@ -156,8 +156,9 @@ def run(args):
         del x, params, cu, h0
         torch.cuda.empty_cache()
     accuracy = _accuracy(peers)
-    _print(rows, accuracy)
-    return {"timing": rows, "accuracy": accuracy}
+    host = _host_row()
+    _print(rows, accuracy, host)
+    return {"timing": rows, "accuracy": accuracy, "host": host}
 
 
 def _label(item) -> str:
@@ -205,6 +206,31 @@ def _pool_row(x, params, cu, h0, timer, floor_ms, gate=POOL_GATE) -> dict:
     return row
 
 
+HOST_SHAPE = (32, [200, 50, 1, 261])   # a chunked-prefill step: 4 packed sequences, the state pool
+
+
+def _host_row() -> dict:
+    """Host µs per chunk_kda call of a small serving step (torch tensors, the pool, Kimi Linear's
+    gate), plain and as a CUDA-graph replay."""
+    import torch
+    H, lengths = HOST_SHAPE
+    x, params, cu, _ = _inputs(H, lengths, False)
+    N = len(lengths)
+    pool = torch.zeros(2 * N, H, D, D, device="cuda")
+    idx = torch.arange(N, dtype=torch.int32, device="cuda")
+    seq = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    cu_cpu = cu.cpu()
+    call = lambda: chunk_kda(*seq, **params, **FLAGS["softplus"], state_v_first=True, cu_seqlens=cu,  # noqa: E731
+                             cu_seqlens_cpu=cu_cpu, initial_state=pool, state_indices=idx)
+    row = dict(H=H, T=sum(lengths), N=N)
+    try:
+        row["host_us"] = timing.host_us(call)
+        row["graph_us"] = timing.graph_host_us(call)
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+    return row
+
+
 def _accuracy(peers):
     """T = 4096, H = 8, one sequence, fp32 initial state 0.05·randn: relative L2 errors per gate
     mode and op (an op that cannot run a mode: its reason)."""
@@ -240,7 +266,7 @@ def _cell(r, name) -> str:
     return f"{UNBOUNDED if r.get(name + '_error') == UNBOUNDED else '-':>{width}}"
 
 
-def _print(rows, accuracy):
+def _print(rows, accuracy, host):
     print(f"\n{'H':>3} {'T':>7} {'N':>2} {'state':>5} {'gate':>8} {'floor ms':>8} " +
           " ".join(f"{n + ' ms':>{WIDTHS[n]}}" for n in NAMES) +
           f" {'x serial':>8} {'x FlashKDA':>10} {'x fla':>6} {'%floor':>6}")
@@ -264,6 +290,9 @@ def _print(rows, accuracy):
     for r, k, v in errors:
         print(f"  H={r['H']} T={r['T']} N={r['N']} {r['gate']} {k}: {v}")
     print("gate: softplus = Kimi Linear's -exp(A_log)·softplus(g + dt_bias); safe = -5·sigmoid(exp(A_log)·(g + dt_bias))")
+    where = f"H={host['H']} T={host['T']} N={host['N']}, the pool, softplus gate"
+    print(f"host: chunk_kda ({where}): " + (f"{host['host_us']:.1f} µs per call, {host['graph_us']:.1f} µs per "
+                                             f"CUDA-graph replay" if "host_us" in host else host["error"]))
     for gate, ops in accuracy.items():
         print(f"\naccuracy, {gate} gate, T=4096 H=8, vs float64 recurrent reference (relative L2):")
         for name, a in ops.items():

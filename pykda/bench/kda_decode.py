@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import time
 
 from .. import reference
 from ..ops.kda_decode import fused_recurrent_kda
@@ -166,46 +165,16 @@ def ours_step(x, pool, idx, gate, **kw):
     return o
 
 
-def host_us(fn, n=300, loops=3) -> float:
-    """Host µs per call of `fn` in a tight loop (the GPU may still be busy after): the best of
-    `loops` loops, as the first loops of a process run slow (caches, clocks)."""
-    import torch
-    fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(loops):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-    return best
-
-
-def graph_host_us(fn, n=300) -> float:
-    """Host µs per replay of a CUDA graph that holds one call of `fn` (captured after a warm-up)."""
-    import torch
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    try:
-        return host_us(graph.replay, n)
-    finally:
-        del graph
-
-
 def _measure(row, prefix, fn, timer, repeats, host_n):
     """Kernel µs, host µs and graph host µs of `fn` into row[prefix + ...]; errors as text."""
     try:
         row[prefix + "us"] = timer.median_us(fn, warmup=10, repeats=repeats)
-        row[prefix + "host_us"] = host_us(fn, host_n)
+        row[prefix + "host_us"] = timing.host_us(fn, host_n)
     except Exception as exc:
         row[prefix + "error"] = f"{type(exc).__name__}: {exc}"[:200]
         return
     try:
-        row[prefix + "graph_us"] = graph_host_us(fn, host_n)
+        row[prefix + "graph_us"] = timing.graph_host_us(fn, host_n)
     except Exception as exc:
         row[prefix + "graph_error"] = f"{type(exc).__name__}: {exc}"[:200]
 

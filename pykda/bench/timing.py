@@ -13,6 +13,7 @@ the kernel time. How the buffer is streamed matters:
 from __future__ import annotations
 
 import statistics
+import time
 
 FLUSH_BYTES = 1 << 30
 FLUSH_MODES = ("read", "write")
@@ -60,3 +61,33 @@ def start(flush: str = "read") -> tuple[Timer, float]:
     copy_tbs = timer.copy_bandwidth_tbs()
     print(f"device-to-device copy: {copy_tbs:.2f} TB/s (read + write); L2 flushed by {flush}")
     return timer, copy_tbs
+
+
+def host_us(fn, n=300, loops=3) -> float:
+    """Host µs per call of `fn` in a tight loop (the GPU may still be busy after): the best of
+    `loops` loops, as the first loops of a process run slow (caches, clocks)."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(loops):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
+    return best
+
+
+def graph_host_us(fn, n=300) -> float:
+    """Host µs per replay of a CUDA graph that holds one call of `fn` (captured after a warm-up)."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    try:
+        return host_us(graph.replay, n)
+    finally:
+        del graph

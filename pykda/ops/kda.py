@@ -371,9 +371,10 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
                       out, final_state, scale, flags, state_v_first, chunk_size, warps, stages, segment_chunks,
                       longest, output_final_state) -> KdaCall:
     """Validate a call, plan it and make everything its launches need but the pointers, the
-    workspace and the stream (kernels compiled on first use)."""
+    workspace and the stream (kernels compiled on first use). `flags`: KdaFlags or a tuple of its
+    fields (the hot path's key holds a plain tuple)."""
     p = validate_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state, cu_seqlens,
-                     out, final_state, flags, state_v_first, chunk_size)
+                     out, final_state, KdaFlags(*flags), bool(state_v_first), chunk_size)
     scale = resolve_scale(scale, p.head_dim)
     check_stages(stages)
     runtime.require_gpu()
@@ -410,7 +411,7 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
     in_strides = tuple(I64(x) for a in (q, k, g, beta) for x in a.strides[:3])
     o_strides = tuple(map(I64, (out.strides if out is not None else contiguous_strides((B, T, H, K)))[:3]))
     pooled = state_indices is not None
-    want_final = output_final_state or final_state is not None or pooled
+    want_final = bool(output_final_state) or final_state is not None or pooled
     scalars = (I32(cu_seqlens is not None and cu_seqlens.dtype == "int64"), I32(N), I32(T),
                F32(p.variant.lower_bound), F32(scale), I32(p.state_dtype == "bfloat16"),
                I32(pooled and state_indices.dtype == "int64"), I32(p.pool_rows), I32(seg.chunks), I32(seg.split_above))
@@ -487,12 +488,16 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
     if return_intermediate_states:
         raise ValueError("return_intermediate_states is not supported yet")
     del disable_recompute, use_graph, max_num_seqs   # nothing to do with them (see above)
-    longest = longest_chunks(cu_seqlens_cpu, chunk_size) if cu_seqlens_cpu is not None and segment_chunks is None else None
+    longest = None   # a planning hint, read only where segments are possible (2 segments of the smallest size)
+    shape = getattr(q, "shape", ())   # (validation names a bad q later)
+    if cu_seqlens_cpu is not None and segment_chunks is None and len(shape) == 4 and \
+            shape[1] >= 2 * SEGMENT_MIN_CHUNKS * chunk_size:
+        longest = longest_chunks(cu_seqlens_cpu, chunk_size)
     arrays = CallArrays((q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state,
                          cu_seqlens, out, final_state), ARGUMENTS, REQUIRED)
-    settings = (scale, KdaFlags(bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel),
-                                bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), bool(safe_gate), lower_bound),
-                bool(state_v_first), chunk_size, warps, stages, segment_chunks, longest, bool(output_final_state))
+    settings = (scale, (use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                        safe_gate, lower_bound),   # KdaFlags' fields
+                state_v_first, chunk_size, warps, stages, segment_chunks, longest, output_final_state)
     call = PREPARED.get((arrays.key, settings), arrays, settings)
     p = call.problem
     q_p, k_p, v_p, g_p, b_p, a_p, dt_p, s0_p, idx_p, hi_p, cu_p, o_p, fs_p = arrays.ptrs   # 0 for None

@@ -223,8 +223,9 @@ class KdaDecodeCall(NamedTuple):
 def prepare_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out,
                        scale, flags, state_v_first, rows_per_thread, stages) -> KdaDecodeCall:
     """Validate a call and make everything its launch needs but the pointers and the stream.
-    The output, when `out` is None, is a new contiguous array of v's shape."""
-    p = validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out, flags,
+    The output, when `out` is None, is a new contiguous array of v's shape. `flags`: KdaFlags or
+    a tuple of its fields (the hot path's key holds a plain tuple)."""
+    p = validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out, KdaFlags(*flags),
                             state_v_first)
     scale = resolve_scale(scale, p.dim)
     check_stages(stages)
@@ -271,8 +272,8 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
     """
     arrays = CallArrays((q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, cu_seqlens, out),
                         ARGUMENTS, REQUIRED)
-    settings = (scale, KdaFlags(use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                                allow_neg_eigval, safe_gate, lower_bound), state_v_first, rows_per_thread, stages)
+    settings = (scale, (use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                        safe_gate, lower_bound), state_v_first, rows_per_thread, stages)   # flags: KdaFlags' fields
     call = PREPARED.get((arrays.key, settings), arrays, settings)
     if check_indices and state_indices is not None:
         import cupy
