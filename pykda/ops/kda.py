@@ -148,7 +148,8 @@ def plan_segments(p: "KdaProblem", sm_count: int, segment_chunks: int | None, lo
     """Segments where the chain of chunks dominates (segment_chunks None), none (0), or of
     `segment_chunks` chunks for every sequence longer than that. A chain dominates when it is
     longer than one SM's share of the call's chunk·heads. With fixed lengths that is the case of
-    too few chains (B·H·V/16 warps) for the GPU, and segments get a share each. With varlen the
+    too few chains (B·H·V/16 warps) for the GPU; each sequence then splits into as many segments
+    as one wave of pass 2's CTAs (one per segment and head) holds. With varlen the
     lengths stay on the device (the grids are sized by upper bounds, their spare CTAs exit): the
     sequences longer than a share split into thirds of a share, finely enough for the short ones'
     work to fill in beside them; the others stay whole. `longest` (chunks; from cu_seqlens_cpu,
@@ -159,8 +160,11 @@ def plan_segments(p: "KdaProblem", sm_count: int, segment_chunks: int | None, lo
         share = max(SEGMENT_MIN_CHUNKS, -(-chunk_bound(p) * p.heads // sm_count))
         if p.varlen:
             segment_chunks, split_above = max(SEGMENT_MIN_CHUNKS, share // 3), share
+        elif 0 < p.batch * p.heads * p.head_dim // 16 < sm_count:   # as many segments per sequence as fill one wave
+            per = max(2, sm_count // (p.batch * p.heads))
+            segment_chunks = max(SEGMENT_MIN_CHUNKS, -(-cps // per))
         else:
-            segment_chunks = share if p.batch * p.heads * p.head_dim // 16 < sm_count else 0
+            segment_chunks = 0
         if min(cps, cps if longest is None else longest) <= max(split_above, 2 * segment_chunks - 1):
             segment_chunks = 0   # no sequence is long enough
     if segment_chunks == 0 or p.n_seq == 0:
