@@ -621,7 +621,7 @@ def test_launch_sequence_offline(offline, varlen, state):
     prep, rec = offline[-2], offline[-1]
     assert prep[1] == (7 + N if varlen else B * 7, H, 1)
     warps = rec[2][0] // 32 - 1
-    assert rec[1] == (K // (16 * warps) * N, H, 1)
+    assert rec[1] == (K // (16 * warps), H, N)
     assert tuple(o.shape) == (B, T, H, K)
     assert (fs is None) == (state is None)
     if state:
@@ -646,7 +646,7 @@ def test_segmented_launch_sequence_offline(offline, varlen):
     chunks = cps + N if varlen else B * cps
     maps = -(-chunks // seg) if varlen else B * (-(-cps // seg) - 1)
     slots = maps + N if varlen else B * -(-cps // seg)
-    assert pass1[1] == (2 * 2 * maps, H, 1) and pass2[1] == (2 * slots, H, 1)   # 64-row CTAs: 2 V splits
+    assert pass1[1] == (2 * 2, H, maps) and pass2[1] == (2, H, slots)   # 64-row CTAs: 2 V splits
     candidates = min((cps + N) // (2 * seg + 1) + 1, N) if varlen else B   # sequences of 3 segments or more
     assert scan[1] == (K // 16 * candidates, H, 1) and scan[2] == (2 * K, 1, 1)
     seg_args = pass2[4][-3:]
@@ -708,7 +708,7 @@ def test_pool_in_place_offline(offline, output_final_state):
                             output_final_state=output_final_state)
     rec = offline[-1]
     warps = rec[2][0] // 32 - 1
-    assert rec[1][0] == 3 * K // (16 * warps)   # one CTA per sequence and V split
+    assert rec[1] == (K // (16 * warps), 4, 3)   # one CTA per V split, head and sequence
     assert _recurrence_states(rec) == (BASE * 5, BASE * 5, 1, BASE * 6, 1, P, BASE * 7)
     assert (fs is pool) if output_final_state else (fs is None)
 
@@ -790,3 +790,9 @@ def test_bad_cu_seqlens_cpu_is_named(offline):
     with pytest.raises(ValueError, match="cu_seqlens_cpu is given without cu_seqlens"):
         pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), cu_seqlens_cpu=[0, 5000])
     assert offline == []
+
+
+def test_recurrence_grid_is_slot_major_within_grid_z():
+    from pykda.ops import kda
+    assert kda._slot_major(2, 8, 65535) == (2, 8, 65535)
+    assert kda._slot_major(2, 8, 65536) == (2 * 65536, 8, 1)   # the kernel reads the slot from x then

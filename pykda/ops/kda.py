@@ -340,6 +340,12 @@ class KdaLaunch(NamedTuple):
     config: runtime.LaunchConfig
 
 
+def _slot_major(rows: int, heads: int, slots: int) -> tuple[int, int, int]:
+    """kda_recurrence's grid: (rows, H, slots), slots outermost (CTAs in flight share chunks across
+    heads); (rows · slots, H, 1) where slots exceed grid z's 65535."""
+    return (rows, heads, slots) if slots <= 65535 else (rows * slots, heads, 1)
+
+
 def _launch_of(spec: runtime.KernelSpec, device: int, name: str, sig: tuple, grid: tuple, threads: int,
                smem: int) -> KdaLaunch:
     """The launcher of kernel `name` of `spec` (compiled on first use) and its configuration."""
@@ -402,11 +408,11 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
                          threads=PREP_THREADS, smem=plan.prep_smem)
     if seg.chunks and seg.map_slots:
         map_pass = launch(specs[2], name="kda_recurrence", sig=RECURRENCE_SIGNATURE,
-                          grid=(2 * rows * seg.map_slots, H, 1), threads=rec_threads, smem=plan.rec_smem)
+                          grid=_slot_major(2 * rows, H, seg.map_slots), threads=rec_threads, smem=plan.rec_smem)
         scan = launch(specs[3], name="kda_segment_scan", sig=SCAN_SIGNATURE, grid=(K // 16 * seg.scan_candidates, H, 1),
                       threads=2 * K, smem=scan_smem_bytes(K))
     slots = seg.slots if seg.chunks else N
-    recurrence = launch(specs[1], name="kda_recurrence", sig=RECURRENCE_SIGNATURE, grid=(rows * slots, H, 1),
+    recurrence = launch(specs[1], name="kda_recurrence", sig=RECURRENCE_SIGNATURE, grid=_slot_major(rows, H, slots),
                         threads=rec_threads, smem=plan.rec_smem)
     v_maps = None
     if T > 0:
