@@ -75,6 +75,36 @@ def test_racecheck_with_kda_recurrence_hazards_only_passes_as_known():
     assert KNOWN_TEXT in line and "kernels: none" in line and line.startswith("racecheck PASS")
 
 
+def test_a_full_racecheck_hazard_table_fails_and_is_named():
+    """racecheck's 'Maximum number of hazards reached' warning (counted as a warning, printed as no
+    report, as on the H200) means hazards were dropped: the run cannot pass, and says what to raise."""
+    full = ("========= Warning: Maximum number of hazards reached. Environment variable "
+            "NV_COMPUTE_SANITIZER_MAX_RACECHECK_HAZARDS can be used to increase this count.\n=========\n")
+    log = full + RACE_KDA + PASSED + "========= RACECHECK SUMMARY: 2 hazards displayed (1 errors, 1 warnings)\n"
+    r = sanitize.analyse("racecheck", log, rc=0)
+    assert r.problems == ["the hazard table filled up, reports may be missing (raise "
+                          "NV_COMPUTE_SANITIZER_MAX_RACECHECK_HAZARDS)"]
+    assert KNOWN_TEXT in r.line() and "kernels: none" in r.line()
+
+
+def test_racecheck_runs_with_a_large_hazard_table(monkeypatch, tmp_path):
+    seen = {}
+
+    class Proc:
+        def __init__(self, cmd, env=None, **kw):
+            seen["env"] = env
+            self.returncode = 0
+
+        def wait(self, timeout=None):
+            return 0
+    monkeypatch.setattr(sanitize.subprocess, "Popen", Proc)
+    monkeypatch.delenv(sanitize.RACECHECK_HAZARDS_ENV, raising=False)
+    sanitize.run_tool("compute-sanitizer", "racecheck", tmp_path, cwd=tmp_path)
+    assert seen["env"][sanitize.RACECHECK_HAZARDS_ENV] == str(sanitize.RACECHECK_MAX_HAZARDS)
+    sanitize.run_tool("compute-sanitizer", "memcheck", tmp_path, cwd=tmp_path)
+    assert sanitize.RACECHECK_HAZARDS_ENV not in seen["env"]
+
+
 def test_racecheck_hazard_in_another_kernel_fails():
     other = ("========= Error: Race reported between Write access at decode_partial+0x450\n"
              "=========     and Read access at decode_partial+0x5a0 [32 hazards]\n=========\n")
