@@ -9,7 +9,7 @@ import pykda
 from pykda import runtime
 from pykda.ops import decode
 from pykda.ops.decode import DecodeProblem, kv_view, plan_decode, validate_decode
-from fakes import BASE, device_array as arr
+from fakes import BASE, device_array as arr, offline_runtime
 
 H200 = dict(sm_count=132, smem_per_sm=233472)
 
@@ -117,48 +117,14 @@ def test_plan_counts_every_sequence_as_units():
 
 
 # ---- the launch sequence, offline ----
-class _FakeKernel:
-    """Records the launches of its launcher: (name, grid, block, smem, args)."""
-
-    def __init__(self, name, log):
-        self.name, self.log = name, log
-
-    def launcher_for(self, sig):
-        kernel = self
-
-        class Launcher:
-            def config(self, grid, block, smem):
-                return grid, block, smem
-
-            def __call__(self, config, args, stream):
-                assert runtime.signature(args) == sig
-                kernel.log.append((kernel.name, *config, args))
-        return Launcher()
-
-
 @pytest.fixture
 def offline(monkeypatch):
-    from pykda.runtime import arrays, tensormap
-    from pykda.runtime.device import DeviceInfo
     log = dict(launches=[], maps=[], workspaces=[])
-    info = DeviceInfo(0, "fake H200", (9, 0), 132, 232448, 233472, 60 << 20)
 
     def workspace(ref, stream, nbytes, zeroed=0):
         log["workspaces"].append((ref, stream, nbytes, zeroed))
         return None, BASE * 4
-
-    def encode_tiled(name, dtype, ptr, dims, strides, box, swizzle=0, l2_promotion=0):
-        runtime.check_tiled(name, dtype, ptr, dims, strides, box, swizzle, l2_promotion)
-        log["maps"].append((name, dims, strides, box))
-        return bytes(128)
-    monkeypatch.setattr(runtime, "require_gpu", lambda: None)
-    monkeypatch.setattr(runtime, "device_info", lambda i: info)
-    monkeypatch.setattr(runtime, "workspace", workspace)
-    monkeypatch.setattr(runtime, "get_kernel", lambda spec, dev, name: _FakeKernel(name, log["launches"]))
-    monkeypatch.setattr(tensormap, "encode_tiled", encode_tiled)   # what TiledMaps calls
-    monkeypatch.setattr(arrays, "launch_stream", lambda ref, stream=None: 0)
-    monkeypatch.setattr(arrays, "to_framework", lambda ref, x: x)
-    monkeypatch.setattr(arrays, "empty_like_framework", lambda ref, shape, dtype: arr(shape, dtype, ptr=BASE * 2))
+    offline_runtime(monkeypatch, log["launches"], workspace, log["maps"])
     decode.PREPARED.clear()   # prepared calls hold the fake kernels: none before, none left after
     yield log
     decode.PREPARED.clear()
@@ -194,7 +160,7 @@ def test_split_batch_is_one_launch_that_merges_by_ticket(offline, layout):
     plan, params = _spec_params(DecodeProblem(S, hq, hkv, d, "bfloat16", B), chunk_size=128)
     names = [entry[0] for entry in offline["launches"]]
     assert names == ["decode_partial"]
-    _, grid, block, smem, args = offline["launches"][0]
+    _, grid, block, smem, args, _ = offline["launches"][0]
     assert grid == (7, hkv, B) and block   # 1000 // 128 chunks, the last of 232 rows == (160, 1, 1) and smem == plan.smem
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", params)
     assert lens.ptr in args and BASE * 4 in args
@@ -211,7 +177,7 @@ def test_split_decode_takes_one_workspace_from_q_counters_first_and_zeroed(offli
     n_part, tickets = B * hq * (S // 128), B * hkv * 4   # partial rows; one counter per head group
     ((ref, stream, nbytes, zeroed),) = offline["workspaces"]
     assert ref is q and stream == 0 and zeroed == tickets
-    ((*_, args),) = offline["launches"]
+    ((*_, args, _),) = offline["launches"]
     ws_o, ws_lse, counters = args[11:14]
     assert counters == BASE * 4
     assert ws_o == counters + 256, "the partials start 256-byte aligned past the counters"
@@ -224,7 +190,7 @@ def test_decode_without_a_split_takes_no_workspace(offline):
     q, k, v = arr((B, hq, d)), arr((B, S, hkv, d)), arr((B, S, hkv, d))
     decode.flash_decode(q, k, v, batched=True)
     assert offline["workspaces"] == []
-    ((*_, args),) = offline["launches"]
+    ((*_, args, _),) = offline["launches"]
     assert args[11:14] == (0, 0, 0)
 
 
@@ -235,7 +201,7 @@ def test_single_decode_is_a_batch_of_one(offline, layout):
     q, k, v = arr((hq, d)), arr(kv), arr(kv)
     o = pykda.single_decode_with_kv_cache(q, k, v, kv_layout=layout)
     assert tuple(o.shape) == (hq, d)
-    ((name, grid, _, _, args),) = offline["launches"]
+    ((name, grid, _, _, args, _),) = offline["launches"]
     plan, params = _spec_params(DecodeProblem(S, hq, hkv, d, "bfloat16"))
     assert name == "decode_partial" and grid == (plan.n_chunks, hkv, 1)
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", params)

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 import pykda
-from pykda import registry, runtime
+from pykda import registry
 from pykda.ops.kda import (KdaProblem, bounded_gate, plan_kda, prepare_smem_bytes, record_bytes,
                            recurrence_smem_bytes, validate_kda)
 from pykda.ops.kda_variant import SAFE_GATE_FLAGS, KdaFlags, KdaVariant, resolve_variant
-from fakes import BASE, device_array as arr
+from fakes import BASE, device_array as arr, offline_runtime
 
 # Kimi Linear's gate: -exp(A_log) * softplus(g + dt_bias), no lower bound
 SOFTPLUS_FLAGS = KdaFlags(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True)
@@ -551,27 +551,6 @@ def test_kda_family_is_registered():
 
 
 # ---- the launch sequence, offline: fake device, workspace and kernels ----
-class _FakeKernel:
-    """Records the launches of its launchers: (name, grid, block, smem, args, spec)."""
-
-    def __init__(self, name, spec, log):
-        self.name, self.spec, self.log = name, spec, log
-
-    def launcher_for(self, sig):
-        kernel = self
-
-        class Launcher:
-            def config(self, grid, block, smem):
-                return grid, block, smem
-
-            def __call__(self, config, args, stream):
-                from pykda.runtime.launch import param_layout
-                assert runtime.signature(args) == sig
-                param_layout(args)   # every argument has a kernel parameter type
-                kernel.log.append((kernel.name, *config, args, kernel.spec))
-        return Launcher()
-
-
 WORKSPACE = 1 << 32
 
 
@@ -583,23 +562,13 @@ class _Log(list):
 @pytest.fixture
 def offline(monkeypatch):
     from pykda.ops import kda
-    from pykda.runtime import arrays, tensormap
-    from pykda.runtime.device import DeviceInfo
     log = _Log()
     log.workspaces = []
-    info = DeviceInfo(0, "fake H200", (9, 0), 132, 232448, 233472, 60 << 20)
 
     def workspace(ref, stream, nbytes, zeroed=0):
         log.workspaces.append(nbytes)
         return object(), WORKSPACE
-    monkeypatch.setattr(runtime, "require_gpu", lambda: None)
-    monkeypatch.setattr(runtime, "device_info", lambda i: info)
-    monkeypatch.setattr(runtime, "workspace", workspace)
-    monkeypatch.setattr(runtime, "get_kernel", lambda spec, dev, name: _FakeKernel(name, spec, log))
-    monkeypatch.setattr(tensormap, "encode_tiled", lambda *a, **k: bytes(128))   # what TiledMaps calls
-    monkeypatch.setattr(arrays, "launch_stream", lambda ref, stream=None: 0)
-    monkeypatch.setattr(arrays, "to_framework", lambda ref, x: x)
-    monkeypatch.setattr(arrays, "empty_like_framework", lambda ref, shape, dtype: arr(shape, dtype, ptr=BASE * 2))
+    offline_runtime(monkeypatch, log, workspace)
     kda.PREPARED.clear()   # prepared calls hold the fake kernels: none before, none left after
     yield log
     kda.PREPARED.clear()

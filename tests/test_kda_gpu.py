@@ -319,18 +319,22 @@ def test_unbounded_gate_accuracy(C, dt_bias_scale, out_tol):
     assert err <= out_tol and serr <= 2e-3, (err, serr)
 
 
+def pool_case(lengths, seed, state, index_dtype=torch.int32, P=11, H=2, K=128):
+    """Five sequences on a random pool of P rows: the inputs, the pool and a copy of it, the rows
+    (sequence 2 padding), has_initial_state (False for sequence 3) and cu_seqlens."""
+    x, _ = make(1, sum(lengths), H, K, seed=seed)
+    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+    pool = (0.05 * torch.randn(P, H, K, K, generator=gen, device="cuda")).to(getattr(torch, state))
+    idx = torch.tensor([7, 2, -1, 9, 0], dtype=index_dtype, device="cuda")
+    has = torch.tensor([True, True, True, False, True], device="cuda")
+    return x, pool, pool.clone(), idx, has, cu_of(lengths)
+
+
 @pytest.mark.parametrize("state", ["float32", "bfloat16"])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_prefill_on_the_state_pool(state, index_dtype):
-    lengths = [40, 0, 1, 77, 16]
-    P, H, K = 11, 2, 128
-    x, _ = make(1, sum(lengths), H, K, seed=31)
-    gen = torch.Generator(device="cuda").manual_seed(32)
-    pool = (0.05 * torch.randn(P, H, K, K, generator=gen, device="cuda")).to(getattr(torch, state))
-    before = pool.clone()
-    idx = torch.tensor([7, 2, -1, 9, 0], dtype=index_dtype, device="cuda")
-    has = torch.tensor([True, True, True, False, True], device="cuda")
-    cu = cu_of(lengths)
+    P = 11
+    x, pool, before, idx, has, cu = pool_case([40, 0, 1, 77, 16], 31, state, index_dtype, P)
     o, fs = run(x, SOFTPLUS, cu_seqlens=cu, initial_state=pool, state_indices=idx, has_initial_state=has,
                 output_final_state=True)
     assert fs is pool

@@ -10,7 +10,8 @@ from pykda.runtime.arrays import as_device_array
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
-from test_kda_gpu import SOFTPLUS, TOL, VARLEN, cu_of, f64, make, ref, rel, run, unbounded_inputs  # noqa: E402
+from test_kda_gpu import (SOFTPLUS, TOL, VARLEN, cu_of, f64, make, pool_case, ref, rel, run,  # noqa: E402
+                          unbounded_inputs)
 
 
 def poisoned(B, T, H, K):
@@ -96,15 +97,8 @@ def test_the_planner_splits_only_the_long_sequences_of_a_varlen_batch():
 def test_segments_on_the_state_pool_in_place(state):
     """A sequence's first segment reads its pool row while its last writes it: the start state is
     taken into the map slots first, so the result equals the serial path's."""
-    lengths = [400, 0, 1, 777, 16]
-    P, H, K = 11, 2, 128
-    x, _ = make(1, sum(lengths), H, K, seed=131)
-    gen = torch.Generator(device="cuda").manual_seed(132)
-    pool = (0.05 * torch.randn(P, H, K, K, generator=gen, device="cuda")).to(getattr(torch, state))
-    before = pool.clone()
-    idx = torch.tensor([7, 2, -1, 9, 0], dtype=torch.int32, device="cuda")
-    has = torch.tensor([True, True, True, False, True], device="cuda")
-    cu = cu_of(lengths)
+    P = 11
+    x, pool, before, idx, has, cu = pool_case([400, 0, 1, 777, 16], 131, state, P=P)
     kw = dict(cu_seqlens=cu, state_indices=idx, has_initial_state=has, output_final_state=True)
     o, fs = run(x, SOFTPLUS, initial_state=pool, segment_chunks=2, **kw)
     assert fs is pool

@@ -361,7 +361,7 @@ class KdaCall(NamedTuple):
     map_pass: KdaLaunch | None       # segments: pass 1, then the scan
     scan: KdaLaunch | None
     recurrence: KdaLaunch
-    v_maps: runtime.TiledMaps | None   # None without tokens (the map is then never read)
+    v_maps: runtime.TiledMaps | None   # None without tokens or sequences (the map is then never read)
     in_strides: tuple                # q, k, g, beta: 3 element strides each (np.int64)
     o_strides: tuple                 # of out (given or new): batch, token, head
     scalars: tuple                   # cu_is64, N, T, lower_bound, scale, state_bf16, idx_is64, pool rows, segments
@@ -415,7 +415,7 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
     recurrence = launch(specs[1], name="kda_recurrence", sig=RECURRENCE_SIGNATURE, grid=_slot_major(rows, H, slots),
                         threads=rec_threads, smem=plan.rec_smem)
     v_maps = None
-    if T > 0:
+    if T > 0 and N > 0:   # (an empty batch launches nothing)
         v_maps = v_tensor_maps(v, plan.v_split, C)
         v_maps(v.ptr)   # the geometry checked (TensorMapError names v) before any launch
     in_strides = tuple(I64(x) for a in (q, k, g, beta) for x in a.strides[:3])
