@@ -273,6 +273,33 @@ def kda_recurrent(
     return _run_sequences(run, qn, kn, v, decay, b, S0, seqs)
 
 
+def kda_affine_map(
+    q, k, v, g, beta, *, A_log=None, dt_bias=None, lower_bound=-5.0, cu_seqlens=None, gate="safe", beta_form="logit",
+    qk_norm=True,
+):
+    """The affine map of each sequence's token range (DESIGN.md, "Segments and ranks"): its final
+    state from any initial state S0 is ``S0 · M + B`` (per head, states ``[V, K]`` as in
+    ``kda_recurrent``). ``B`` is the state reached from zero; ``M`` the identity's rows carried
+    through the recurrence with no value term. Inputs as ``kda_recurrent``'s (no ``scale``: the
+    map does not depend on q). Returns ``(M [N, H, K, K], B [N, H, V, K])``, float64."""
+    _, kn, v, a, b, _, S0, seqs = _kda_prepare(
+        q, k, v, g, beta, A_log, dt_bias, lower_bound, None, None, cu_seqlens, gate, beta_form, qk_norm
+    )
+    decay = np.exp(a)
+    N, H, V, K = S0.shape
+    ranges = [(n, 0, v.shape[1]) for n in range(N)] if seqs is None else [(0, s, e) for s, e in seqs]
+    M = np.broadcast_to(np.eye(K), (N, H, K, K)).copy()
+    Bs = np.zeros((N, H, V, K))
+    for n, (row, s, e) in enumerate(ranges):
+        for t in range(s, e):
+            kt = kn[row, t]  # [H, K]
+            for S, vt in ((Bs[n], v[row, t]), (M[n], 0.0)):
+                S *= decay[row, t][:, None, :]
+                err = vt - (S @ kt[:, :, None])[..., 0]
+                S += (b[row, t][:, None] * err)[..., None] * kt[:, None, :]
+    return M, Bs
+
+
 # --------------------------------------------------------------------------------------------
 # KDA: chunked form
 # --------------------------------------------------------------------------------------------

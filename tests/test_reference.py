@@ -280,6 +280,38 @@ def test_float32_inputs_accepted():
 
 
 # --------------------------------------------------------------------------------------------
+# KDA: the affine map of a token range (segments, ranks)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gate", ["safe", "softplus"])
+@pytest.mark.parametrize("K,V", [(8, 8), (8, 6)])
+def test_affine_map_gives_the_final_state_from_any_initial_state(K, V, gate):
+    rng = np.random.default_rng(K + V + len(gate))
+    B, T, H = 2, 29, 3
+    x, p, _ = _kda_inputs(rng, B, T, H, K, V, False)
+    M, Bm = ref.kda_affine_map(*x, **p, gate=gate)
+    assert M.shape == (B, H, K, K) and Bm.shape == (B, H, V, K)
+    for _ in range(2):
+        s0 = rng.standard_normal((B, H, V, K))
+        _, s = ref.kda_recurrent(*x, **p, gate=gate, initial_state=s0)
+        assert ref.relative_error(s0 @ M + Bm, s) < TOL
+
+
+def test_affine_maps_compose_across_a_split():
+    """The map of [0, T) is the map of [0, t) followed by that of [t, T): (M1 M2, B1 M2 + B2); a
+    zero-length range is the identity map."""
+    rng = np.random.default_rng(7)
+    T, H, K = 40, 2, 8
+    x, p, _ = _kda_inputs(rng, 1, T, H, K, K, False)
+    M, Bm = ref.kda_affine_map(*x, **p)
+    Ms, Bs = ref.kda_affine_map(*x, **p, cu_seqlens=np.array([0, 13, 13, T]))
+    assert ref.relative_error(Ms[1], np.broadcast_to(np.eye(K), (H, K, K))) == 0 and not Bs[1].any()
+    assert ref.relative_error(Ms[0] @ Ms[2], M[0]) < TOL
+    assert ref.relative_error(Bs[0] @ Ms[2] + Bs[2], Bm[0]) < TOL
+
+
+# --------------------------------------------------------------------------------------------
 # KDA: sanity
 # --------------------------------------------------------------------------------------------
 
