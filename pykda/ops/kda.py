@@ -157,8 +157,8 @@ def plan_segments(p: "KdaProblem", sm_count: int, segment_chunks: int | None, lo
     cps = -(-p.seq_len // p.chunk)
     split_above = 0
     if segment_chunks is None:
-        share = max(SEGMENT_MIN_CHUNKS, -(-chunk_bound(p) * p.heads // sm_count))
         if p.varlen:
+            share = max(SEGMENT_MIN_CHUNKS, -(-chunk_bound(p) * p.heads // sm_count))
             segment_chunks, split_above = max(SEGMENT_MIN_CHUNKS, share // 3), share
         elif 0 < p.batch * p.heads * p.head_dim // 16 < sm_count:   # as many segments per sequence as fill one wave
             per = max(2, sm_count // (p.batch * p.heads))
