@@ -73,8 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--stages", default=None, help="decode, kda-decode: comma list of pipeline depths to sweep")
     b.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
     b.add_argument("--shapes", default=None,
-                   help="decode only: shapes to run instead of PERF.md's, e.g. 32/8:100000,8x32/8:32768 "
-                        "(HQ/HKV:KV_LEN, BATCHxHQ/HKV:KV_LEN for the padded-batch op)")
+                   help="decode, kda: shapes to run instead of the bench's own. decode: HQ/HKV:KV_LEN or "
+                        "BATCHxHQ/HKV:KV_LEN (the padded-batch op), e.g. 32/8:100000,8x32/8:32768; kda: "
+                        "H:LENGTHS, the sequence lengths joined by + (LENxN repeats one), e.g. 4:262144,8:131072+1024x63")
     b.add_argument("--flush", choices=["read", "write"], default="read",
                    help="evict the L2 before each timed call by reading (clean lines, default) or by "
                         "overwriting (dirty lines the timed call must write back) a 1 GiB buffer")

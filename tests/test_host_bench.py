@@ -286,6 +286,7 @@ def test_bench_options_reach_only_the_benches_that_take_them():
     parse = build_parser().parse_args
     check_options(parse(["bench", "kda-decode", "--rows-per-thread", "4,8", "--stages", "3"]))
     check_options(parse(["bench", "decode", "--chunk-size", "1024", "--shapes", "32/8:100000"]))
+    check_options(parse(["bench", "kda", "--shapes", "4:262144"]))
     for argv, option in ((["bench", "kda-decode", "--chunk-size", "512"], "--chunk-size"),
                          (["bench", "decode", "--rows-per-thread", "4"], "--rows-per-thread"),
                          (["bench", "kda", "--stages", "3"], "--stages"),
@@ -436,6 +437,26 @@ def test_bench_kda_gate_modes_pool_row_and_accuracy(kda_bench_on_cpu, capsys):
     assert "accuracy, softplus gate" in out and "accuracy, safe gate" in out
     assert result["host"] == dict(H=2, T=8, N=2, host_us=12.5, graph_us=3.25)
     assert "host: chunk_kda (H=2 T=8 N=2, the pool, softplus gate): 12.5 µs per call, 3.2 µs per CUDA-graph" in out
+
+
+def test_bench_kda_shapes_option_runs_the_rows_given(kda_bench_on_cpu):
+    """--shapes H:LENGTHS replaces the bench's rows (LENxN repeats one length); fla, which autotunes
+    for 90 s per shape, runs only on the default rows."""
+    kbench, calls = kda_bench_on_cpu
+    result = kbench.run(types.SimpleNamespace(quick=False, shapes="2:9+4x2,3:17"))
+    rows = result["timing"]
+    assert [(r["H"], r["T"], r["N"], r["gate"], r["state"]) for r in rows] == [
+        (2, 17, 3, "softplus", False), (2, 17, 3, "safe", False), (3, 17, 1, "softplus", False),
+        (3, 17, 1, "safe", False)]
+    assert all("fla" not in r for r in rows) and rows[0]["pykda"] == 0.01
+
+
+@pytest.mark.parametrize("text", ["4", "x:1", "0:10", "4:0", "4:10x0", "4:-3"])
+def test_bench_kda_shapes_are_checked(text):
+    from pykda.bench import kda as kbench
+    with pytest.raises(ValueError, match="--shapes"):
+        kbench.parse_shapes(text)
+    assert kbench.parse_shapes("4:262144,8:131072+1024x2") == [(4, [262144], False), (8, [131072, 1024, 1024], False)]
 
 
 def test_bench_kda_pool_row_reports_a_pool_that_differs(kda_bench_on_cpu, monkeypatch):

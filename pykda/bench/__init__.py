@@ -16,7 +16,8 @@ def settings(text: str | None) -> list:
 # the template parameters each bench sweeps
 SWEEPS = {"decode": ("chunk_size", "stages"), "kda": (), "kda-decode": ("rows_per_thread", "stages")}
 # the sweep, shape and plot options each bench takes; any other given is an error, never ignored
-OPTIONS = {"decode": SWEEPS["decode"] + ("shapes", "plot"), "kda": (), "kda-decode": SWEEPS["kda-decode"] + ("plot",)}
+OPTIONS = {"decode": SWEEPS["decode"] + ("shapes", "plot"), "kda": ("shapes",),
+           "kda-decode": SWEEPS["kda-decode"] + ("plot",)}
 
 
 def _flag(name: str) -> str:

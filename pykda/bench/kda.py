@@ -20,6 +20,7 @@ rows of a pool larger than N (`initial_state=pool, state_indices=idx`), beside t
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 
@@ -51,6 +52,24 @@ UNBOUNDED = "cannot run (unbounded gate)"
 POOL_SHAPE = (64, [1300, 547, 2048, 963, 271, 3063])   # the "pool in place" row (run in --quick too)
 POOL_ROWS_PER_SEQUENCE = 8                             # the pool holds 8 N rows
 POOL_GATE = "softplus"
+
+
+def parse_shapes(text: str) -> list:
+    """`H:LENGTHS` rows, comma separated, the lengths joined by `+` (`LENxN`: N sequences of LEN):
+    (H, lengths, no state) rows as SHAPES'."""
+    rows = []
+    for item in text.split(","):
+        m = re.fullmatch(r"(\d+):(\d+(?:x\d+)?(?:\+\d+(?:x\d+)?)*)", item.strip())
+        if m is None:
+            raise ValueError(f"--shapes: {item!r} is not H:LENGTHS (e.g. 4:262144 or 8:131072+1024x63)")
+        lengths = []
+        for part in m.group(2).split("+"):
+            length, _, count = part.partition("x")
+            lengths += [int(length)] * int(count or 1)
+        if int(m.group(1)) < 1 or sum(lengths) < 1:
+            raise ValueError(f"--shapes: {item!r} needs H >= 1 and at least one token")
+        rows.append((int(m.group(1)), lengths, False))
+    return rows
 
 
 def _inputs(H, lengths, with_state, seed=0):
@@ -135,8 +154,10 @@ def run(args):
     timer, copy_tbs = timing.start(getattr(args, "flush", "read"))
     peers = _peers()
     rows = []
-    shapes = SHAPES[:3] if args.quick else SHAPES
-    if args.quick:
+    custom = getattr(args, "shapes", None)
+    shapes = parse_shapes(custom) if custom else SHAPES[:3] if args.quick else SHAPES
+    fla_rows = set() if custom else FLA_SHAPES   # (fla's autotune: only where asked for by default)
+    if args.quick and not custom:
         shapes = shapes + [(H, lengths, True) for H, lengths in [POOL_SHAPE]]
     for i, (H, lengths, with_state) in progress(list(enumerate(shapes)), "bench kda", label=_label, unit="shape"):
         x, params, cu, h0 = _inputs(H, lengths, with_state)
@@ -144,7 +165,7 @@ def run(args):
         floor_bytes = 5 * T * H * D * 2 + (2 * N * H * D * D * 4 if with_state else 0)
         floor_ms = floor_bytes / (copy_tbs * 1e12) * 1e3
         for gate in GATES:
-            timed = {k: v for k, v in peers.items() if k != "fla" or i in FLA_SHAPES}
+            timed = {k: v for k, v in peers.items() if k != "fla" or i in fla_rows}
             row = dict(H=H, T=T, N=N, state=with_state, gate=gate, floor_ms=floor_ms)
             if "flashkda" in peers and gate not in PEER_GATES["flashkda"]:
                 row["flashkda"], row["flashkda_error"] = None, UNBOUNDED
