@@ -487,8 +487,8 @@ def test_plan_segments_where_the_chain_dominates(B, T, H, K, segmented):
     if segmented:
         cps = -(-T // 16)
         assert seg.chunks == max(64, -(-cps // max(2, H200_SMS // (B * H)))), "one wave of segment-heads"
-        assert seg.per_seq == -(-cps // seg.chunks) and seg.slots == B * seg.per_seq
-        assert seg.map_slots == B * (seg.per_seq - 1)
+        per_seq = -(-cps // seg.chunks)
+        assert seg.slots == B * per_seq and seg.map_slots == B * (per_seq - 1)
     assert not plan_kda(p, H200_SMS, segment_chunks=0).segments.chunks
 
 
@@ -758,6 +758,10 @@ def test_bad_cu_seqlens_cpu_is_named(offline):
     a["cu_seqlens"] = None
     with pytest.raises(ValueError, match="cu_seqlens_cpu is given without cu_seqlens"):
         pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), cu_seqlens_cpu=[0, 5000])
+    short = good(B=1, T=100, H=2)   # too short to read the hint: refused all the same
+    with pytest.raises(ValueError, match="cu_seqlens_cpu is given without cu_seqlens"):
+        pykda.chunk_kda(short["q"], short["k"], short["v"], short["g"], short["beta"], **call_kwargs(short),
+                        cu_seqlens_cpu=[0, 100])
     assert offline == []
 
 

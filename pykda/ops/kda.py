@@ -113,13 +113,12 @@ class KdaSegments:
     """The segmented recurrence (kda_chunk.cuh's KdaSegment); chunks = 0: none."""
     chunks: int           # chunks per segment
     split_above: int      # sequences of more chunks split (varlen; 0 with fixed lengths)
-    per_seq: int          # segments of every sequence (fixed length; 1 with varlen)
     slots: int            # pass 2's segments (an upper bound with varlen)
     map_slots: int        # pass 1's map slots, every segment but each sequence's last (a bound likewise)
     scan_candidates: int  # sequences that may have 3 segments or more (a bound likewise)
 
 
-NO_SEGMENTS = KdaSegments(0, 0, 1, 0, 0, 0)
+NO_SEGMENTS = KdaSegments(0, 0, 0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -172,9 +171,9 @@ def plan_segments(p: "KdaProblem", sm_count: int, segment_chunks: int | None, lo
     if p.varlen:   # kda_chunk.cuh: map slots from floor(base(n) / seg), segments from there + n
         maps = -(-chunk_bound(p) // segment_chunks)
         bound = (cps + p.n_seq) // (max(split_above, 2 * segment_chunks) + 1) + 1   # kda_scan_bound
-        return KdaSegments(segment_chunks, split_above, 1, maps + p.n_seq, maps, min(bound, p.n_seq))
+        return KdaSegments(segment_chunks, split_above, maps + p.n_seq, maps, min(bound, p.n_seq))
     per = max(1, -(-cps // segment_chunks))
-    return KdaSegments(segment_chunks, 0, per, p.batch * per, p.batch * (per - 1), p.batch)
+    return KdaSegments(segment_chunks, 0, p.batch * per, p.batch * (per - 1), p.batch)
 
 
 def plan_kda(p: KdaProblem, sm_count: int, warps: int | None = None, stages: int | None = None,
@@ -389,8 +388,6 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
     check_stages(stages)
     runtime.require_gpu()
     dev = runtime.device_info(q.device)
-    if longest is not None and cu_seqlens is None:
-        raise ValueError("cu_seqlens_cpu is given without cu_seqlens")
     plan = plan_kda(p, dev.sm_count, warps, stages, segment_chunks, longest)
     smem = max(plan.rec_smem, plan.prep_smem, scan_smem_bytes(p.head_dim) if plan.segments.chunks else 0)
     if smem > dev.smem_per_block_optin:
@@ -498,6 +495,8 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
     if return_intermediate_states:
         raise ValueError("return_intermediate_states is not supported yet")
     del disable_recompute, use_graph, max_num_seqs   # nothing to do with them (see above)
+    if cu_seqlens_cpu is not None and cu_seqlens is None:
+        raise ValueError("cu_seqlens_cpu is given without cu_seqlens")
     longest = None   # a planning hint, read only where segments are possible (2 segments of the smallest size)
     shape = getattr(q, "shape", ())   # (validation names a bad q later)
     if cu_seqlens_cpu is not None and segment_chunks is None and len(shape) == 4 and \
