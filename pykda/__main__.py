@@ -66,15 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="extra pytest arguments, one string, e.g. --pytest-args='-x -k kda' (written with =)")
     s.add_argument("--dry-run", action="store_true", help="print each tool's command line and exit")
     b = sub.add_parser("bench", help="benchmarks against peers on the GPU")
-    b.add_argument("op", choices=["decode", "kda", "kda-decode"])
+    b.add_argument("op", choices=["decode", "kda", "kda-decode", "paged-decode"])
     b.add_argument("--chunk-size", default=None, help="decode: comma list of chunk sizes to sweep")
     b.add_argument("--rows-per-thread", default=None,
                    help="kda-decode: comma list of state rows per lane group (1, 2, 4, 8) to sweep")
     b.add_argument("--stages", default=None, help="decode, kda-decode: comma list of pipeline depths to sweep")
     b.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
     b.add_argument("--shapes", default=None,
-                   help="decode, kda: shapes to run instead of the bench's own. decode: HQ/HKV:KV_LEN or "
-                        "BATCHxHQ/HKV:KV_LEN (the padded-batch op), e.g. 32/8:100000,8x32/8:32768; kda: "
+                   help="decode, kda, paged-decode: shapes to run instead of the bench's own. decode: HQ/HKV:KV_LEN or "
+                        "BATCHxHQ/HKV:KV_LEN (the padded-batch op), e.g. 32/8:100000,8x32/8:32768; paged-decode: BATCHxHQ/HKV:KV_LEN; kda: "
                         "H:LENGTHS, the sequence lengths joined by + (LENxN repeats one), e.g. 4:262144,8:131072+1024x63")
     b.add_argument("--flush", choices=["read", "write"], default="read",
                    help="evict the L2 before each timed call by reading (clean lines, default) or by "

@@ -14,10 +14,10 @@ def settings(text: str | None) -> list:
 
 
 # the template parameters each bench sweeps
-SWEEPS = {"decode": ("chunk_size", "stages"), "kda": (), "kda-decode": ("rows_per_thread", "stages")}
+SWEEPS = {"decode": ("chunk_size", "stages"), "kda": (), "kda-decode": ("rows_per_thread", "stages"), "paged-decode": ()}
 # the sweep, shape and plot options each bench takes; any other given is an error, never ignored
 OPTIONS = {"decode": SWEEPS["decode"] + ("shapes", "plot"), "kda": ("shapes",),
-           "kda-decode": SWEEPS["kda-decode"] + ("plot",)}
+           "kda-decode": SWEEPS["kda-decode"] + ("plot",), "paged-decode": ("shapes",)}
 
 
 def _flag(name: str) -> str:
@@ -43,8 +43,8 @@ def main(args) -> int:
         plot.require()   # before any GPU work
     from .. import runtime
     runtime.require_gpu()
-    from . import decode, kda, kda_decode
-    bench = {"decode": decode, "kda": kda, "kda-decode": kda_decode}[args.op]
+    from . import decode, kda, kda_decode, paged_decode
+    bench = {"decode": decode, "kda": kda, "kda-decode": kda_decode, "paged-decode": paged_decode}[args.op]
     results = bench.run(args)
     meta = environment()
     with open(args.json, "w") as f:

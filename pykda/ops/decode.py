@@ -30,6 +30,7 @@ MAX_HEADS_PER_CTA = 16
 MAX_GRID_Z = 65535    # grid z = batch x head_blocks
 KV_LAYOUTS = ("NHD", "HND")   # k, v [.., kv_len, num_kv_heads, head_dim] or [.., num_kv_heads, kv_len, head_dim]
 DEFAULT_STAGES = {64: 4, 128: 3, 256: 3}
+TMA_MIN_PAGE = 16     # pages of fewer rows are gathered with cp.async rather than TMA boxes
 _REGS_GUESS = {64: 96, 128: 152, 256: 240}   # per thread, for the occupancy estimate
 
 
@@ -122,11 +123,12 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
 
 
 @functools.lru_cache(maxsize=1024)
-def decode_spec(p: DecodeProblem, plan: DecodePlan, arch: str) -> runtime.KernelSpec:
+def decode_spec(p: DecodeProblem, plan: DecodePlan, arch: str, page_size: int = 0) -> runtime.KernelSpec:
+    """The kernel of `plan`; `page_size` > 0 reads a paged cache (gathered below TMA_MIN_PAGE rows)."""
     return runtime.KernelSpec.make("decode", {
         "D": p.head_dim, "DTYPE": CTYPES[p.dtype], "BLOCK_N": plan.block_n, "STAGES": plan.stages,
-        "CHUNK": plan.chunk, "WARPS": WARPS, "SPLIT": plan.split}, arch,
-        kernels=("decode_partial",))
+        "CHUNK": plan.chunk, "WARPS": WARPS, "SPLIT": plan.split, "PAGE": page_size,
+        "GATHER": 0 < page_size < TMA_MIN_PAGE}, arch, kernels=("decode_partial",))
 
 
 def layouts(batched: bool, kv_layout: str) -> tuple[str, str]:
@@ -144,6 +146,24 @@ def kv_view(a: DeviceArray, batched: bool, kv_layout: str) -> tuple[tuple, tuple
     if kv_layout == "HND":
         shape, strides = (shape[0], shape[2], shape[1], shape[3]), (strides[0], strides[2], strides[1], strides[3])
     return shape, strides
+
+
+def check_grid(p: DecodeProblem) -> None:
+    """The grid's z (batch x head blocks) within CUDA's limit."""
+    if p.batch * p.head_blocks > MAX_GRID_Z:
+        raise ValueError(f"batch {p.batch} is too large: batch x ceil(group / {MAX_HEADS_PER_CTA}) must be "
+                         f"at most {MAX_GRID_Z}")
+
+
+def check_out(out: DeviceArray | None, q: DeviceArray, q_layout: str, arrays: dict) -> None:
+    """`out`, when given, shaped and typed as q, rows 8-byte aligned; added to `arrays`."""
+    if out is not None:
+        check_shape(out, "out", q.shape, q_layout)
+        if out.dtype != q.dtype:
+            raise TypeError(f"out must have the dtype of q ({q.dtype}); got {out.dtype}")
+        check_inner_contiguous(out, "out")
+        check_aligned(out, "out", 8)
+        arrays["out"] = out
 
 
 def validate_decode(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceArray | None,
@@ -176,20 +196,12 @@ def validate_decode(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceA
     if hkv < 1 or hq < 1 or hq % hkv:
         raise ValueError(f"num_qo_heads ({hq}) must be a multiple of num_kv_heads ({hkv})")
     p = DecodeProblem(kv_len=s, q_heads=hq, kv_heads=hkv, head_dim=d, dtype=q.dtype, batch=b)
-    if b * p.head_blocks > MAX_GRID_Z:
-        raise ValueError(f"batch {b} is too large: batch x ceil(group / {MAX_HEADS_PER_CTA}) must be "
-                         f"at most {MAX_GRID_Z}")
+    check_grid(p)
     for name, a in (("q", q), ("k", k), ("v", v)):
         check_inner_contiguous(a, name)
         check_aligned(a, name, 16)
     arrays = {"q": q, "k": k, "v": v}
-    if out is not None:
-        check_shape(out, "out", q.shape, q_layout)
-        if out.dtype != q.dtype:
-            raise TypeError(f"out must have the dtype of q ({q.dtype}); got {out.dtype}")
-        check_inner_contiguous(out, "out")
-        check_aligned(out, "out", 8)
-        arrays["out"] = out
+    check_out(out, q, q_layout, arrays)
     if kv_lens is not None:
         check_dtype(kv_lens, "kv_lens", ("int32",))
         check_shape(kv_lens, "kv_lens", (b,), "[batch]")
@@ -202,20 +214,23 @@ def validate_decode(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceA
 
 # the kernel's parameters, in order, as `runtime.signature` gives them: q and its (batch, head)
 # strides, the K and V tensor maps, kv_lens, kv_len, group, heads per CTA, head blocks, scale, the
-# split workspace (partial o, partial lse, tickets), out and its strides, lse
+# split workspace (partial o, partial lse, tickets), out and its strides, lse; then a paged cache's
+# page table (kv_indptr, kv_indices), K and V, and the pages' count and (page, row, head) strides
 KERNEL_SIGNATURE = (int, np.int64, np.int64, 128, 128, int, np.int32, np.int32, np.int32, np.int32, np.float32,
-                    int, int, int, int, np.int64, np.int64, int)
+                    int, int, int, int, np.int64, np.int64, int, int, int, int, int, np.int32, np.int64, np.int64,
+                    np.int64)
 
 
-def _kernel_for(p: DecodeProblem, device: int, chunk_size: int | None, stages: int | None):
-    """The plan, the launcher of the decode kernel for `p` on `device` (compiled on first use)
-    and its launch configuration (the stream is set per launch)."""
+def kernel_for(p: DecodeProblem, device: int, chunk_size: int | None, stages: int | None, page_size: int = 0):
+    """The plan, the launcher of the decode kernel for `p` (paged with `page_size` > 0) on
+    `device` (compiled on first use) and its launch configuration (the stream is set per launch)."""
     dev = runtime.device_info(device)
     plan = plan_decode(p, dev.sm_count, dev.smem_per_sm, chunk_size, stages)
     if plan.smem > dev.smem_per_block_optin:
         raise ValueError(f"stages={plan.stages} needs {plan.smem} bytes of shared memory per block; "
                          f"the device allows {dev.smem_per_block_optin}")
-    launcher = runtime.get_kernel(decode_spec(p, plan, dev.arch), device, "decode_partial").launcher_for(KERNEL_SIGNATURE)
+    spec = decode_spec(p, plan, dev.arch, page_size)
+    launcher = runtime.get_kernel(spec, device, "decode_partial").launcher_for(KERNEL_SIGNATURE)
     grid = (plan.n_chunks, p.kv_heads, p.batch * plan.head_blocks)
     return plan, launcher, launcher.config(grid, ((WARPS + 1) * 32, 1, 1), plan.smem)
 
@@ -234,9 +249,12 @@ def kv_tensor_maps(a: DeviceArray, name: str, batched: bool, kv_layout: str, blo
     return runtime.TiledMaps(name, a.dtype, (d, h, s, b), strides, (64, 1, block_n, 1), swizzle=128)
 
 
-def _row_strides(strides: tuple, batched: bool) -> tuple[np.int64, np.int64]:
+def row_strides(strides: tuple, batched: bool) -> tuple[np.int64, np.int64]:
     """Batch and head strides (elements) of q or out; a single sequence has no batch stride."""
     return np.int64(strides[0] if batched else 0), np.int64(strides[-2])
+
+
+NO_PAGES = (np.int32(0), np.int64(0), np.int64(0), np.int64(0))   # a padded cache's page count and strides
 
 
 class DecodeCall(NamedTuple):
@@ -255,6 +273,23 @@ class DecodeCall(NamedTuple):
     ticket_bytes: int           # ... one per head group, then
     o_offset: int               # the partial outputs (fp32) from this byte, then
     lse_offset: int             # the partial lse from this byte
+    pages: tuple = NO_PAGES     # a paged cache: its page count and (page, row, head) strides
+
+
+def workspace_layout(p: DecodeProblem, plan: DecodePlan) -> tuple[int, int, int, int]:
+    """Bytes of a call's workspace (0 without a split), of its ticket counters (one per head
+    group, zeroed per call), and where the partial outputs (fp32) and partial lse start."""
+    n_part = p.batch * p.q_heads * plan.n_chunks if plan.split else 0
+    tickets = p.batch * p.kv_heads * plan.head_blocks * 4 if plan.split else 0
+    o_offset = -(-tickets // 256) * 256
+    lse_offset = o_offset + n_part * p.head_dim * 4
+    return (lse_offset + n_part * 4 if plan.split else 0), tickets, o_offset, lse_offset
+
+
+def row_params(p: DecodeProblem, plan: DecodePlan, scale: float, max_rows: int) -> tuple:
+    """The kernel's kv_len (rows are clamped to it), group, heads per CTA, head blocks and scale."""
+    i32 = np.int32
+    return i32(max_rows), i32(p.group), i32(plan.heads_per_cta), i32(plan.head_blocks), np.float32(scale)
 
 
 def prepare_decode(q, k, v, out, kv_lens, batched, kv_layout, scale, chunk_size, stages) -> DecodeCall:
@@ -264,22 +299,16 @@ def prepare_decode(q, k, v, out, kv_lens, batched, kv_layout, scale, chunk_size,
     scale = resolve_scale(scale, p.head_dim)
     check_stages(stages)
     runtime.require_gpu()
-    plan, launcher, config = _kernel_for(p, q.device, chunk_size, stages)
+    plan, launcher, config = kernel_for(p, q.device, chunk_size, stages)
     k_maps = kv_tensor_maps(k, "k", batched, kv_layout, plan.block_n)
     v_maps = kv_tensor_maps(v, "v", batched, kv_layout, plan.block_n)
     k_maps(k.ptr)   # the geometries checked (TensorMapError names k or v) before any launch
     v_maps(v.ptr)
     rows = (p.batch, p.q_heads) if batched else (p.q_heads,)
     out_strides = out.strides if out is not None else contiguous_strides(rows + (p.head_dim,))
-    n_part = p.batch * p.q_heads * plan.n_chunks if plan.split else 0
-    tickets = p.batch * p.kv_heads * plan.head_blocks * 4 if plan.split else 0
-    o_offset = -(-tickets // 256) * 256
-    lse_offset = o_offset + n_part * p.head_dim * 4
-    i32 = np.int32
-    return DecodeCall(p, plan, launcher, config, k_maps, v_maps, rows, _row_strides(q.strides, batched),
-                      _row_strides(out_strides, batched),
-                      (i32(p.kv_len), i32(p.group), i32(plan.heads_per_cta), i32(plan.head_blocks), np.float32(scale)),
-                      lse_offset + n_part * 4 if plan.split else 0, tickets, o_offset, lse_offset)
+    return DecodeCall(p, plan, launcher, config, k_maps, v_maps, rows, row_strides(q.strides, batched),
+                      row_strides(out_strides, batched), row_params(p, plan, scale, p.kv_len),
+                      *workspace_layout(p, plan))
 
 
 ARGUMENTS = ("q", "k", "v", "out", "kv_lens")
@@ -331,16 +360,25 @@ def flash_decode(q, k, v, *, batched: bool, kv_layout: str = "NHD", kv_lens=None
     arrays = CallArrays((q, k, v, out, kv_lens), ARGUMENTS, REQUIRED)
     settings = (batched, kv_layout, scale, chunk_size, stages)
     call = PREPARED.get((arrays.key, settings), arrays, settings)
+    return launch(call, arrays, stream, out, return_lse, arrays.ptrs[4])
+
+
+def launch(call: DecodeCall, arrays: CallArrays, stream, out, return_lse: bool, kv_lens: int, page_table=(0, 0)):
+    """Launch a prepared call on arrays (q, k, v, out, ...) with the device pointers of the rows
+    per sequence (`kv_lens`, 0 for all) and of a paged cache's (kv_indptr, kv_indices); the
+    output (new unless `out`), the LSE with `return_lse` and the workspace of a split are made
+    here. Returns o, or (o, lse)."""
     strm = arrays.stream(stream)
-    q_p, k_p, v_p, o_p, lens_p = arrays.ptrs   # 0 for None
+    q_p, k_p, v_p, o_p = arrays.ptrs[:4]   # 0 for None
     if out is None:
         out, o_p = arrays.new_empty(0, call.rows + (call.problem.head_dim,), call.problem.dtype)
     lse, lse_p = arrays.new_empty(0, call.rows, "float32") if return_lse else (None, 0)
     ws_o = ws_lse = tickets = 0
     if call.workspace_bytes:   # `scratch` owns the memory until the launch is enqueued
-        scratch, tickets = runtime.workspace(q, strm, call.workspace_bytes, zeroed=call.ticket_bytes)
+        scratch, tickets = runtime.workspace(arrays.objs[0], strm, call.workspace_bytes, zeroed=call.ticket_bytes)
         ws_o, ws_lse = tickets + call.o_offset, tickets + call.lse_offset
-    call.launcher(call.config, (q_p, *call.q_strides, call.k_maps(k_p), call.v_maps(v_p), lens_p, *call.params,
-                                ws_o, ws_lse, tickets, o_p, *call.out_strides, lse_p), strm)
+    call.launcher(call.config, (q_p, *call.q_strides, call.k_maps(k_p), call.v_maps(v_p), kv_lens, *call.params,
+                                ws_o, ws_lse, tickets, o_p, *call.out_strides, lse_p, *page_table, k_p, v_p,
+                                *call.pages), strm)
     out = arrays.result(out)
     return (out, arrays.result(lse)) if return_lse else out

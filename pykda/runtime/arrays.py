@@ -266,6 +266,16 @@ def to_framework(ref: DeviceArray, arr):
     return arr
 
 
+def copy_from_host(dst_ptr: int, host, device: int, stream: int) -> None:
+    """Copy the bytes of the NumPy array `host` to device memory at `dst_ptr` on `device`, in the
+    order of the stream handle `stream`. From pageable memory the driver stages the bytes before
+    it returns, so `host` may be dropped at once."""
+    import cupy
+    with cupy.cuda.Device(device):
+        cupy.cuda.runtime.memcpyAsync(dst_ptr, host.ctypes.data, host.nbytes, cupy.cuda.runtime.memcpyHostToDevice,
+                                      stream)
+
+
 def launch_stream(ref: DeviceArray, stream=None) -> int:
     """The stream handle to launch on: `stream` if given (int handle, CuPy or torch stream),
     else torch's current stream for torch arrays, else CuPy's current stream."""

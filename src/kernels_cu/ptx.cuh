@@ -64,6 +64,12 @@ PYKDA_DEVICE void cp_async_16(void* dst, const void* src) {   // both 16-byte al
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(src))
                : "memory");
 }
+// The 16 bytes at src, or (valid false) 16 zero bytes without a read.
+PYKDA_DEVICE void cp_async_16_zfill(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)),
+               "l"(reinterpret_cast<uint64_t>(src)), "r"(valid ? 16 : 0)
+               : "memory");
+}
 PYKDA_DEVICE void cp_async_4(void* dst, const void* src) {    // both 4-byte aligned
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(src))
                : "memory");
@@ -73,6 +79,9 @@ PYKDA_DEVICE void cp_async_4(void* dst, const void* src) {    // both 4-byte ali
 PYKDA_DEVICE void cp_async_mbar_arrive(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
+
+// Wait until this thread's cp.async copies have landed.
+PYKDA_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // Shared memory written by ordinary stores and read next by the async proxy needs this fence.
 PYKDA_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }

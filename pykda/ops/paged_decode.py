@@ -1,0 +1,243 @@
+"""Flash decoding over a paged KV cache, in FlashInfer's page-table layout:
+`BatchDecodeWithPagedKVCache`.
+
+Request b's pages are `kv_indices[kv_indptr[b]:kv_indptr[b + 1]]`, in order; its last page holds
+`kv_last_page_len[b]` rows. The caches are `[num_pages, page_size, num_kv_heads, head_dim]`
+("NHD") or `[num_pages, num_kv_heads, page_size, head_dim]` ("HND"). The kernel is the flash
+decoding kernel of `decode` with paged addressing (a template flag): pages of 16 rows or more
+arrive by TMA, a box per page per tile; smaller pages are gathered row by row with cp.async.
+
+`plan()` reads the page table on the host once per batch layout (checks it, counts each
+request's rows) and copies the rows and page offsets to a device buffer of its own; `run()`
+reads only device memory and allocates only its outputs and split workspace (from the framework
+of q), so it can be captured in a CUDA graph. validate -> kernel (`decode.kernel_for`, memoized
+per arguments' metadata and plan) -> tensor maps + workspace -> `decode.launch`.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import runtime
+from ..runtime import arrays as device_arrays
+from ..runtime.arrays import CallArrays, DeviceArray, contiguous_strides, is_torch_tensor
+from . import decode
+from .checks import (Memo, check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim,
+                     check_same_device, check_shape, check_stages, resolve_scale)
+
+PAGE_SIZES = (1, 8, 16, 32, 64, 128)
+MAX_ROWS = (1 << 31) - 1   # the kernel's rows per request are int32, never clamped below this
+
+
+class PagedLayout(NamedTuple):
+    """What `plan()` fixed for its `run()` calls (hashable: part of the prepared calls' key)."""
+    batch: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    page_size: int
+    kv_layout: str
+    max_rows: int          # the longest request's rows, for the chunk split
+    device: int
+    scale: float
+    chunk_size: int | None
+    stages: int | None
+
+
+def host_int32(x, name: str) -> np.ndarray:
+    """A 1-D int32 page-table array on the host (read back from the device if it lives there);
+    TypeError names `x` unless it is an int32 array or a sequence of ints."""
+    if isinstance(x, (list, tuple)):
+        a = np.asarray(x, dtype=np.int64)
+        if a.size and (a.min() < -(1 << 31) or a.max() >= 1 << 31):
+            raise ValueError(f"{name} must hold int32 values")
+        a = a.astype(np.int32)
+    elif isinstance(x, np.ndarray):
+        a = x
+    elif is_torch_tensor(x):
+        if str(x.dtype) != "torch.int32":
+            raise TypeError(f"{name} must have dtype int32; got {str(x.dtype).removeprefix('torch.')}")
+        a = x.detach().cpu().numpy()
+    else:
+        import cupy
+        a = cupy.asnumpy(cupy.asarray(x))
+    if a.dtype != np.int32:
+        raise TypeError(f"{name} must have dtype int32; got {a.dtype}")
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-D; got shape {tuple(a.shape)}")
+    return a
+
+
+def request_rows(kv_indptr: np.ndarray, kv_last_page_len: np.ndarray, num_indices: int, page_size: int) -> np.ndarray:
+    """Rows of each request, (pages - 1) * page_size + last page's rows (0 without pages), after
+    checking the table: kv_indptr [batch + 1] non-decreasing within [0, len(kv_indices)], each
+    request with pages holding 1..page_size rows in its last page."""
+    if kv_indptr.shape[0] < 2:
+        raise ValueError(f"kv_indptr must have shape [batch + 1] with batch >= 1; got {tuple(kv_indptr.shape)}")
+    batch = kv_indptr.shape[0] - 1
+    if kv_last_page_len.shape != (batch,):
+        raise ValueError(f"kv_last_page_len must have shape [batch] = ({batch},); got {tuple(kv_last_page_len.shape)}")
+    pages = np.diff(kv_indptr.astype(np.int64))
+    if kv_indptr[0] < 0 or (pages < 0).any():
+        at = 0 if kv_indptr[0] < 0 else int(np.argmax(pages < 0)) + 1
+        raise ValueError(f"kv_indptr must be non-decreasing from 0 or more; kv_indptr[{at}] = {kv_indptr[at]}"
+                         + (f" < kv_indptr[{at - 1}] = {kv_indptr[at - 1]}" if at else ""))
+    if kv_indptr[-1] > num_indices:
+        raise ValueError(f"kv_indptr[-1] = {kv_indptr[-1]} exceeds the {num_indices} entries of kv_indices")
+    bad = (pages > 0) & ((kv_last_page_len < 1) | (kv_last_page_len > page_size))
+    if bad.any():
+        b = int(np.argmax(bad))
+        raise ValueError(f"kv_last_page_len[{b}] = {kv_last_page_len[b]} must be in [1, page_size = {page_size}] "
+                         f"for a request with pages")
+    rows = np.where(pages > 0, (pages - 1) * page_size + kv_last_page_len, 0)
+    if rows.max() > MAX_ROWS:
+        raise ValueError(f"a request of {rows.max()} rows is too long (at most {MAX_ROWS})")
+    return rows
+
+
+def cache_layout(kv_layout: str) -> str:
+    return ("[num_pages, page_size, num_kv_heads, head_dim]" if kv_layout == "NHD"
+            else "[num_pages, num_kv_heads, page_size, head_dim]")
+
+
+def validate_paged(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceArray | None,
+                   layout: PagedLayout) -> decode.DecodeProblem:
+    """Check q, the caches and out against the plan: dtypes, shapes, strides, alignment, device."""
+    pl = layout
+    q_layout, kv_text = "[batch, num_qo_heads, head_dim]", cache_layout(pl.kv_layout)
+    check_ndim(q, "q", 3, q_layout)
+    check_shape(q, "q", (pl.batch, pl.q_heads, pl.head_dim), q_layout)
+    check_dtype(q, "q", decode.DTYPES)
+    for name, a in (("k_cache", k), ("v_cache", v)):
+        check_ndim(a, name, 4, kv_text)
+        if a.dtype != q.dtype:
+            raise TypeError(f"{name} must have the dtype of q ({q.dtype}); got {a.dtype}")
+        page = (pl.page_size, pl.kv_heads) if pl.kv_layout == "NHD" else (pl.kv_heads, pl.page_size)
+        check_shape(a, name, (k.shape[0],) + page + (pl.head_dim,), kv_text)
+        check_inner_contiguous(a, name)
+        check_aligned(a, name, 16)
+    if k.shape[0] < 1:
+        raise ValueError("k_cache must hold at least one page; got num_pages 0")
+    if tuple(v.strides) != tuple(k.strides):   # one set of strides addresses both in the gather
+        raise ValueError(f"v_cache must have the strides of k_cache {tuple(k.strides)}; got {tuple(v.strides)}")
+    arrays = {"q": q, "k_cache": k, "v_cache": v}
+    decode.check_out(out, q, q_layout, arrays)
+    if check_same_device(arrays) != pl.device:
+        raise ValueError(f"q and the caches must be on the device of plan()'s kv_indices ({pl.device}); got {q.device}")
+    return decode.DecodeProblem(kv_len=max(1, pl.max_rows), q_heads=pl.q_heads, kv_heads=pl.kv_heads,
+                                head_dim=pl.head_dim, dtype=q.dtype, batch=pl.batch)
+
+
+def _no_map(ptr: int) -> bytes:
+    """The tensor map slot of a gathered cache (read by no one)."""
+    return bytes(128)
+
+
+def prepare_paged(q, k, v, out, layout: PagedLayout) -> decode.DecodeCall:
+    """Validate a run and make everything its launch needs but the pointers, the outputs, the
+    workspace and the stream."""
+    p = validate_paged(q, k, v, out, layout)
+    runtime.require_gpu()
+    plan, launcher, config = decode.kernel_for(p, q.device, layout.chunk_size, layout.stages, layout.page_size)
+    (num_pages, _, _, _), (page_stride, row_stride, head_stride, _) = decode.kv_view(k, True, layout.kv_layout)
+    if layout.page_size < decode.TMA_MIN_PAGE:
+        k_maps = v_maps = _no_map
+    else:   # (head_dim, kv_heads, page_size, num_pages) boxes of a page's rows (at most a tile)
+        box_rows = min(plan.block_n, layout.page_size)
+        k_maps = decode.kv_tensor_maps(k, "k_cache", True, layout.kv_layout, box_rows)
+        v_maps = decode.kv_tensor_maps(v, "v_cache", True, layout.kv_layout, box_rows)
+        k_maps(k.ptr), v_maps(v.ptr)   # the geometries checked (TensorMapError names the cache) before any launch
+    rows = (p.batch, p.q_heads)
+    out_strides = out.strides if out is not None else contiguous_strides(rows + (p.head_dim,))
+    return decode.DecodeCall(p, plan, launcher, config, k_maps, v_maps, rows, decode.row_strides(q.strides, True),
+                             decode.row_strides(out_strides, True),
+                             decode.row_params(p, plan, layout.scale, MAX_ROWS), *decode.workspace_layout(p, plan),
+                             (np.int32(num_pages), np.int64(page_stride), np.int64(row_stride), np.int64(head_stride)))
+
+
+ARGUMENTS = ("q", "k_cache", "v_cache", "out")
+REQUIRED = 3
+# prepared runs by the arguments' key (CallArrays) and the plan's layout
+PREPARED = Memo(lambda arrays, layout: prepare_paged(*arrays.views(), layout))
+
+
+class BatchDecodeWithPagedKVCache:
+    """Decode attention of one query token per head for a batch of requests whose KV cache is
+    paged (FlashInfer's `BatchDecodeWithPagedKVCacheWrapper` layout):
+
+        dec = pykda.BatchDecodeWithPagedKVCache(kv_layout="NHD")
+        dec.plan(kv_indptr, kv_indices, kv_last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size)
+        o = dec.run(q, k_cache, v_cache)            # once per layer; capturable in a CUDA graph
+
+    kv_indptr [batch + 1] and kv_last_page_len [batch]: int32, on the host or the device (read by
+    `plan()`, a synchronisation where they are on the device); kv_indices: int32 on the device,
+    contiguous, read by every `run()` (keep it alive and unchanged, or plan again). A request with
+    no pages gives zeros and an LSE of -inf; rows past a request's last page row are never used.
+    Page sizes 1, 8, 16, 32, 64, 128; bf16/fp16; head_dim 64, 128, 256; num_qo_heads a multiple of
+    num_kv_heads. A page id outside [0, num_pages) reads zeros, never other memory.
+
+    CUDA graphs: a graph captured around `run()` stays valid after `plan()` is called again with
+    the same batch size and kv_indices buffer (new page ids, lengths up to any size: the kernel
+    reads them on the device; the chunk split stays the capture's). `plan()` copies to the device
+    on the current stream of kv_indices' framework.
+    """
+
+    def __init__(self, kv_layout: str = "NHD"):
+        if kv_layout not in decode.KV_LAYOUTS:
+            raise ValueError(f"kv_layout must be one of {decode.KV_LAYOUTS}; got {kv_layout!r}")
+        self.kv_layout = kv_layout
+        self._layout: PagedLayout | None = None
+        self._tables = None      # device int32 [>= 2 * batch]: rows per request, then first page entries
+        self._tables_ptr = 0
+        self._tables_at = (-1, 0)   # the device and int32 capacity of _tables
+        self._indices = None     # plan()'s kv_indices, kept alive for run()
+        self._indices_ptr = 0
+
+    def plan(self, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads: int, num_kv_heads: int, head_dim: int,
+             page_size: int, *, scale: float | None = None, chunk_size: int | None = None,
+             stages: int | None = None) -> None:
+        """Check the page table and fix the batch layout for `run()` (see the class). `scale`
+        defaults to 1/sqrt(head_dim); `chunk_size` and `stages` override the planner as in
+        `batch_decode_with_padded_kv_cache`."""
+        if page_size not in PAGE_SIZES:
+            raise ValueError(f"page_size must be one of {PAGE_SIZES}; got {page_size}")
+        if head_dim not in decode.HEAD_DIMS:
+            raise ValueError(f"head_dim must be one of {decode.HEAD_DIMS}; got {head_dim}")
+        if num_kv_heads < 1 or num_qo_heads < 1 or num_qo_heads % num_kv_heads:
+            raise ValueError(f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        check_stages(stages)
+        indices = device_arrays.as_device_array(kv_indices, "kv_indices")
+        check_dtype(indices, "kv_indices", ("int32",))
+        check_ndim(indices, "kv_indices", 1, "[num_page_entries]")
+        check_contiguous(indices, "kv_indices")
+        check_aligned(indices, "kv_indices", 4)
+        indptr = host_int32(kv_indptr, "kv_indptr")
+        rows = request_rows(indptr, host_int32(kv_last_page_len, "kv_last_page_len"), indices.shape[0], page_size)
+        batch = rows.shape[0]
+        decode.check_grid(decode.DecodeProblem(1, num_qo_heads, num_kv_heads, head_dim, "bfloat16", batch))
+        layout = PagedLayout(batch, num_qo_heads, num_kv_heads, head_dim, page_size, self.kv_layout, int(rows.max()),
+                             indices.device, resolve_scale(scale, head_dim), chunk_size, stages)
+        runtime.require_gpu()
+        tables = np.concatenate([rows, indptr[:-1]]).astype(np.int32)
+        if self._tables_at[0] != indices.device or self._tables_at[1] < tables.size:   # else rewritten in place
+            self._tables = device_arrays.empty_like_framework(indices, tables.shape, "int32")
+            self._tables_ptr = device_arrays.as_device_array(self._tables, "tables").ptr
+            self._tables_at = (indices.device, tables.size)
+        device_arrays.copy_from_host(self._tables_ptr, tables, indices.device, device_arrays.launch_stream(indices))
+        self._indices, self._indices_ptr = kv_indices, indices.ptr
+        self._layout = layout
+
+    def run(self, q, k_cache, v_cache=None, *, out=None, return_lse: bool = False, stream=None):
+        """o [batch, num_qo_heads, head_dim] (in q's framework, or `out`), and with `return_lse`
+        the natural-log LSE [batch, num_qo_heads] fp32. q [batch, num_qo_heads, head_dim]; the
+        caches as the class says (strided views allowed, e.g. of one [num_pages, 2, ...] buffer,
+        with equal strides); `(k_cache, v_cache)` may come as one tuple."""
+        if self._layout is None:
+            raise RuntimeError("BatchDecodeWithPagedKVCache: call plan() before run()")
+        if v_cache is None and isinstance(k_cache, tuple):
+            k_cache, v_cache = k_cache
+        arrays = CallArrays((q, k_cache, v_cache, out), ARGUMENTS, REQUIRED)
+        call = PREPARED.get((arrays.key, self._layout), arrays, self._layout)
+        starts = self._tables_ptr + 4 * self._layout.batch
+        return decode.launch(call, arrays, stream, out, return_lse, self._tables_ptr, (starts, self._indices_ptr))

@@ -1,0 +1,266 @@
+"""CPU tests of BatchDecodeWithPagedKVCache: the page-table checks of plan(), the argument checks
+of run(), and the launch sequence offline (fake device, kernels and tensor maps; no GPU needed)."""
+import numpy as np
+import pytest
+
+import pykda
+from pykda import registry
+from pykda.ops import decode, paged_decode
+from pykda.ops.paged_decode import request_rows
+from pykda.runtime import arrays
+from fakes import BASE, device_array as arr, offline_runtime
+from test_batch_decode_checks import _KINDS, kernel_parameters
+
+H200 = dict(sm_count=132, smem_per_sm=233472)
+TABLES, INDICES, K, V = BASE * 2, BASE * 5, BASE * 6, BASE * 7   # fake addresses (outputs are at BASE * 2)
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """The runtime faked (launches, tensor maps, workspaces and host-to-device copies logged)."""
+    log = dict(launches=[], maps=[], workspaces=[], copies=[])
+
+    def workspace(ref, stream, nbytes, zeroed=0):
+        log["workspaces"].append((nbytes, zeroed))
+        return None, BASE * 4
+    offline_runtime(monkeypatch, log["launches"], workspace, log["maps"])
+    monkeypatch.setattr(arrays, "copy_from_host", lambda ptr, host, dev, stream: log["copies"].append((ptr, host.copy())))
+    paged_decode.PREPARED.clear()
+    yield log
+    paged_decode.PREPARED.clear()
+
+
+def table(lens, page_size):
+    """kv_indptr, kv_indices (a fake device array) and kv_last_page_len of requests of `lens` rows."""
+    pages = [-(-n // page_size) for n in lens]
+    indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+    last = np.array([n - (p - 1) * page_size if p else 0 for n, p in zip(lens, pages)], np.int32)
+    return indptr, arr((max(int(indptr[-1]), 1),), "int32", ptr=INDICES), last
+
+
+def planned(lens=(100, 0, 33), hq=32, hkv=8, d=128, page_size=16, layout="NHD", **kw):
+    dec = pykda.BatchDecodeWithPagedKVCache(layout)
+    indptr, indices, last = table(lens, page_size)
+    dec.plan(indptr, indices, last, hq, hkv, d, page_size, **kw)
+    return dec
+
+
+def caches(num_pages=50, page_size=16, hkv=8, d=128, layout="NHD", dtype="bfloat16"):
+    shape = (num_pages, page_size, hkv, d) if layout == "NHD" else (num_pages, hkv, page_size, d)
+    return arr(shape, dtype, ptr=K), arr(shape, dtype, ptr=V)
+
+
+def test_request_rows_count_full_pages_and_the_last_one():
+    indptr = np.array([0, 3, 3, 4], np.int32)
+    assert request_rows(indptr, np.array([5, 0, 16], np.int32), 4, 16).tolist() == [37, 0, 16]
+
+
+@pytest.mark.parametrize("case, exc, message", [
+    ("falls", ValueError, r"kv_indptr must be non-decreasing from 0 or more; kv_indptr\[2\] = 1 < kv_indptr\[1\] = 3"),
+    ("negative", ValueError, r"kv_indptr must be non-decreasing from 0 or more; kv_indptr\[0\] = -1"),
+    ("beyond", ValueError, r"kv_indptr\[-1\] = 5 exceeds the 4 entries of kv_indices"),
+    ("last0", ValueError, r"kv_last_page_len\[0\] = 0 must be in \[1, page_size = 16\]"),
+    ("last17", ValueError, r"kv_last_page_len\[2\] = 17 must be in \[1, page_size = 16\]"),
+    ("last_shape", ValueError, r"kv_last_page_len must have shape \[batch\] = \(3,\); got \(2,\)"),
+    ("empty", ValueError, r"kv_indptr must have shape \[batch \+ 1\] with batch >= 1; got \(1,\)"),
+])
+def test_bad_page_tables_name_the_argument(case, exc, message):
+    indptr, last = np.array([0, 3, 3, 4], np.int32), np.array([5, 0, 16], np.int32)
+    if case == "falls":
+        indptr = np.array([0, 3, 1, 4], np.int32)
+    elif case == "negative":
+        indptr = np.array([-1, 3, 3, 4], np.int32)
+    elif case == "beyond":
+        indptr = np.array([0, 3, 3, 5], np.int32)
+    elif case == "last0":
+        last = np.array([0, 0, 16], np.int32)
+    elif case == "last17":
+        last = np.array([5, 0, 17], np.int32)
+    elif case == "last_shape":
+        last = last[:2]
+    elif case == "empty":
+        indptr = indptr[:1]
+    with pytest.raises(exc, match=message):
+        request_rows(indptr, last, 4, 16)
+
+
+@pytest.mark.parametrize("case, exc, message", [
+    ("page_size", ValueError, r"page_size must be one of \(1, 8, 16, 32, 64, 128\); got 4"),
+    ("head_dim", ValueError, r"head_dim must be one of \(64, 128, 256\); got 96"),
+    ("ratio", ValueError, r"num_qo_heads \(30\) must be a multiple of num_kv_heads \(8\)"),
+    ("stages", ValueError, "stages must be in 2..8; got 1"),
+    ("indptr_dtype", TypeError, "kv_indptr must have dtype int32; got int64"),
+    ("indptr_rank", ValueError, r"kv_indptr must be 1-D; got shape \(2, 2\)"),
+    ("last_dtype", TypeError, "kv_last_page_len must have dtype int32; got float32"),
+    ("indices_dtype", TypeError, "kv_indices must have dtype int32; got int64"),
+    ("indices_host", TypeError, "kv_indices must be a GPU array"),
+    ("indices_rank", ValueError, r"kv_indices must be 1-D \[num_page_entries\]"),
+    ("indices_strided", ValueError, "kv_indices must be contiguous"),
+    ("grid", ValueError, "batch 70000 is too large"),
+])
+def test_bad_plan_arguments_name_the_argument(offline, case, exc, message):
+    indptr, indices, last = table([100, 0, 33], 16)
+    args = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=16)
+    kw = {}
+    if case == "page_size":
+        args["page_size"] = 4
+    elif case == "head_dim":
+        args["head_dim"] = 96
+    elif case == "ratio":
+        args["num_qo_heads"] = 30
+    elif case == "stages":
+        kw["stages"] = 1
+    elif case == "indptr_dtype":
+        indptr = indptr.astype(np.int64)
+    elif case == "indptr_rank":
+        indptr = np.zeros((2, 2), np.int32)
+    elif case == "last_dtype":
+        last = last.astype(np.float32)
+    elif case == "indices_dtype":
+        indices = arr((10,), "int64")
+    elif case == "indices_host":
+        indices = np.zeros(10, np.int32)
+    elif case == "indices_rank":
+        indices = arr((10, 1), "int32")
+    elif case == "indices_strided":
+        indices = arr((10,), "int32", strides=(2,))
+    elif case == "grid":
+        indptr, indices, last = table([1] * 70000, 16)
+        args.update(num_qo_heads=8, num_kv_heads=8)
+    dec = pykda.BatchDecodeWithPagedKVCache()
+    with pytest.raises(exc, match=message):
+        dec.plan(indptr, indices, last, **args, **kw)
+    assert offline["copies"] == [], "nothing reaches the device before the checks pass"
+
+
+def test_page_tables_may_be_lists(offline):
+    dec = pykda.BatchDecodeWithPagedKVCache()
+    dec.plan([0, 2, 2], arr((2,), "int32", ptr=INDICES), [3, 0], 8, 8, 64, 16)
+    ((_, tables),) = offline["copies"]
+    assert tables.tolist() == [19, 0, 0, 2]
+
+
+def test_run_before_plan_is_refused():
+    with pytest.raises(RuntimeError, match=r"call plan\(\) before run\(\)"):
+        pykda.BatchDecodeWithPagedKVCache().run(arr((3, 32, 128)), *caches())
+
+
+def test_bad_layout_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"kv_layout must be one of \('NHD', 'HND'\); got 'NDH'"):
+        pykda.BatchDecodeWithPagedKVCache("NDH")
+
+
+@pytest.mark.parametrize("case, exc, message", [
+    ("q_shape", ValueError, r"q must have shape \[batch, num_qo_heads, head_dim\] = \(3, 32, 128\); got \(4, 32, 128\)"),
+    ("q_rank", ValueError, r"q must be 3-D \[batch, num_qo_heads, head_dim\]"),
+    ("q_dtype", TypeError, "q must have dtype bfloat16 or float16; got float32"),
+    ("k_dtype", TypeError, r"k_cache must have the dtype of q \(bfloat16\); got float16"),
+    ("k_rank", ValueError, r"k_cache must be 4-D \[num_pages, page_size, num_kv_heads, head_dim\]"),
+    ("k_page", ValueError, r"k_cache must have shape \[num_pages, page_size, num_kv_heads, head_dim\] = "
+                           r"\(50, 16, 8, 128\); got \(50, 32, 8, 128\)"),
+    ("k_hnd_as_nhd", ValueError, r"k_cache must have shape \[num_pages, page_size"),
+    ("v_strides", ValueError, r"v_cache must have the strides of k_cache \(16384, 1024, 128, 1\); got \(32768"),
+    ("v_shape", ValueError, r"v_cache must have shape \[num_pages, .*\(50, 16, 8, 128\); got \(49, 16, 8, 128\)"),
+    ("no_pages", ValueError, "k_cache must hold at least one page"),
+    ("misaligned", ValueError, "v_cache must start at a 16-byte aligned address"),
+    ("inner", ValueError, "k_cache must be contiguous in its last dimension"),
+    ("out_shape", ValueError, r"out must have shape \[batch, num_qo_heads, head_dim\]"),
+    ("out_dtype", TypeError, "out must have the dtype of q"),
+    ("device", ValueError, "all arrays must be on one device"),
+    ("plan_device", ValueError, r"q and the caches must be on the device of plan\(\)'s kv_indices \(0\); got 1"),
+])
+def test_bad_run_arguments_raise_before_any_launch(offline, case, exc, message):
+    dec = planned()
+    q, out = arr((3, 32, 128)), None
+    k, v = caches()
+    if case == "q_shape":
+        q = arr((4, 32, 128))
+    elif case == "q_rank":
+        q = arr((3, 32, 128, 1))
+    elif case == "q_dtype":
+        q = arr((3, 32, 128), "float32")
+    elif case == "k_dtype":
+        k, _ = caches(dtype="float16")
+    elif case == "k_rank":
+        k = arr((50, 16, 1024))
+    elif case == "k_page":
+        k, v = caches(page_size=32)
+    elif case == "k_hnd_as_nhd":
+        k, v = caches(layout="HND")
+    elif case == "v_strides":
+        v = arr(k.shape, strides=(2 * 16 * 8 * 128, 8 * 128, 128, 1), ptr=V)
+    elif case == "v_shape":
+        v = arr((49, 16, 8, 128), ptr=V)
+    elif case == "no_pages":
+        k, v = caches(num_pages=0)
+    elif case == "misaligned":
+        v = arr(k.shape, ptr=V + 8)
+    elif case == "inner":
+        k = arr(k.shape, strides=(16 * 8 * 256, 8 * 256, 256, 2), ptr=K)
+    elif case == "out_shape":
+        out = arr((3, 32, 64))
+    elif case == "out_dtype":
+        out = arr((3, 32, 128), "float16")
+    elif case == "device":
+        v = arr(k.shape, ptr=V, device=1)
+    elif case == "plan_device":
+        q, out = arr((3, 32, 128), device=1), None
+        k, v = (arr(x.shape, ptr=x.ptr, device=1) for x in (k, v))
+    with pytest.raises(exc, match=message):
+        dec.run(q, k, v, out=out)
+    assert offline["launches"] == []
+
+
+@pytest.mark.parametrize("page_size", [1, 8, 16, 64, 128])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_run_is_one_launch_with_the_page_table(offline, page_size, layout):
+    B, hq, hkv, d, P = 3, 32, 8, 128, 50
+    lens = [1000, 0, 33]
+    dec = planned(lens, hq, hkv, d, page_size, layout, chunk_size=128)
+    ((tables_ptr, tables),) = offline["copies"]
+    indptr, _, _ = table(lens, page_size)
+    assert tables_ptr == TABLES and tables.tolist() == lens + indptr[:-1].tolist(), "rows, then first page entries"
+    k, v = caches(P, page_size, hkv, d, layout)
+    o, lse = dec.run(arr((B, hq, d)), (k, v), return_lse=True)   # the caches as a pair, as FlashInfer takes them
+    assert tuple(o.shape) == (B, hq, d) and tuple(lse.shape) == (B, hq)
+    ((name, grid, _, smem, args, spec),) = offline["launches"]
+    p = decode.DecodeProblem(1000, hq, hkv, d, "bfloat16", B)
+    plan = decode.plan_decode(p, **H200, chunk_size=128)
+    assert spec == decode.decode_spec(p, plan, "sm_90a", page_size) and smem == plan.smem
+    assert spec.param_dict["PAGE"] == page_size and spec.param_dict["GATHER"] == (page_size < 16)
+    assert name == "decode_partial" and grid == (1000 // 128, hkv, B)
+    assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", spec.param_dict)
+    assert args[5] == TABLES and args[6] == paged_decode.MAX_ROWS, "rows per request from the plan, never clamped"
+    assert args[18:22] == (TABLES + 4 * B, INDICES, K, V)
+    page, row, head = (page_size * hkv * d, hkv * d, d) if layout == "NHD" else (hkv * page_size * d, d, page_size * d)
+    assert args[22:] == (P, page, row, head)
+    if page_size < 16:   # gathered: no tensor maps
+        assert offline["maps"] == [] and args[3] == args[4] == bytes(128)
+    else:   # (head_dim, kv_heads, page_size, num_pages) in boxes of a page's rows, at most a tile
+        box = min(page_size, plan.block_n)
+        assert offline["maps"] == [(n, (d, hkv, page_size, P), (head * 2, row * 2, page * 2), (64, 1, box, 1))
+                                   for n in ("k_cache", "v_cache")]
+    assert [zeroed for _, zeroed in offline["workspaces"]] == [B * hkv * 4]
+
+
+def test_plan_again_rewrites_the_tables_in_place_while_they_fit(offline, monkeypatch):
+    made = []
+    real = arrays.empty_like_framework
+    monkeypatch.setattr(arrays, "empty_like_framework", lambda ref, shape, dtype: made.append(shape) or real(ref, shape, dtype))
+    dec = planned([100, 0, 33])
+    indptr, indices, last = table([5, 17, 1], 16)
+    dec.plan(indptr, indices, last, 32, 8, 128, 16)   # same batch: the same buffer (a captured graph sees it)
+    indptr, indices, last = table([5, 17], 16)
+    dec.plan(indptr, indices, last, 32, 8, 128, 16)   # smaller: still fits
+    assert made == [(6,)] and [c[1].tolist() for c in offline["copies"]][1:] == [[5, 17, 1, 0, 1, 3], [5, 17, 0, 1]]
+    indptr, indices, last = table([5, 17, 1, 1], 16)
+    dec.plan(indptr, indices, last, 32, 8, 128, 16)
+    assert made == [(6,), (8,)]
+
+
+def test_paged_variants_are_registered():
+    specs = set(registry.specs("decode", "sm_90a"))
+    for page in paged_decode.PAGE_SIZES:
+        for d in decode.HEAD_DIMS:
+            p = decode.DecodeProblem(1000, 32, 8, d, "float16", 8)
+            assert decode.decode_spec(p, decode.plan_decode(p, **H200), "sm_90a", page) in specs

@@ -1,0 +1,168 @@
+"""GPU tests of BatchDecodeWithPagedKVCache against the float64 reference (run on the H200).
+
+Random page tables: pages shuffled over a larger pool, a few full prefix pages shared by
+several requests, requests with no pages, last pages partly filled. Every page no request reads,
+and every row past a request's end in its last page, holds NaN; the outputs start as NaN."""
+import itertools
+
+import numpy as np
+import pytest
+
+import pykda
+from pykda import reference
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+cp = pytest.importorskip("cupy")
+TOL = {"bfloat16": 1e-2, "float16": 2e-3}
+
+
+def page_table(lens, page_size, seed, shared=2, spare=5):
+    """kv_indptr, kv_indices, kv_last_page_len (NumPy int32) and the pool's page count: pages
+    shuffled, the first `shared` (full) pages common to every request that has more pages."""
+    rng = np.random.default_rng(seed)
+    pages = [-(-n // page_size) for n in lens]
+    n_share = sum(p > shared for p in pages)
+    prefix_pages = shared if n_share > 1 else 0
+    n_pool = sum(pages) - prefix_pages * (n_share - 1) + spare
+    pool = rng.permutation(n_pool)
+    prefix, rest = pool[:prefix_pages], iter(pool[prefix_pages:])
+    indices = []
+    for p in pages:
+        own = prefix.tolist() if p > prefix_pages and prefix_pages else []
+        indices += own + [int(next(rest)) for _ in range(p - len(own))]
+    indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+    last = np.array([n - (p - 1) * page_size if p else 0 for n, p in zip(lens, pages)], np.int32)
+    return indptr, np.array(indices, np.int32), last, n_pool
+
+
+def make(lens, page_size, hq, hkv, d, dtype, layout, seed):
+    """q, the NHD/HND caches with NaN wherever no request reads, and the page table."""
+    indptr, indices, last, n_pool = page_table(lens, page_size, seed)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dt = getattr(torch, dtype)
+    q = (2 * torch.randn(len(lens), hq, d, generator=g, device="cuda")).to(dt)
+    k, v = (torch.randn(n_pool, page_size, hkv, d, generator=g, device="cuda").to(dt) for _ in range(2))
+    used = torch.zeros(n_pool, page_size, dtype=torch.bool)
+    for b in range(len(lens)):
+        for j, page in enumerate(indices[indptr[b]:indptr[b + 1]]):
+            used[page, : (last[b] if j == indptr[b + 1] - indptr[b] - 1 else page_size)] = True
+    k[~used.cuda()], v[~used.cuda()] = float("nan"), float("nan")
+    if layout == "HND":
+        k, v = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+    return q, k, v, (indptr, indices, last)
+
+
+def expected(q, k, v, tables, layout, scale=None):
+    indptr, indices, last = tables
+    o, lse = reference.paged_decode_attention(*(cp.from_dlpack(x.double().contiguous()) for x in (q, k, v)), indptr,
+                                              indices, last, layout, scale)
+    return cp.asnumpy(o), cp.asnumpy(lse)
+
+
+def check(o, lse, ref, lens, dtype):
+    o, lse = o.float().cpu().numpy(), lse.cpu().numpy()
+    assert np.isfinite(o).all(), "every output element written, no unused row read"
+    for b, n in enumerate(lens):
+        if n == 0:
+            assert (o[b] == 0).all() and (lse[b] == -np.inf).all(), "a request without pages gives zeros, LSE -inf"
+            continue
+        err = reference.relative_error(o[b].astype(np.float64), ref[0][b])
+        assert err < TOL[dtype], f"request {b} ({n} rows): relative L2 error {err:.2e}"
+        assert np.abs(lse[b] - ref[1][b]).max() < 2e-3
+
+
+def decode(q, k, v, tables, page_size, layout, hkv, **plan_kw):
+    dec = pykda.BatchDecodeWithPagedKVCache(layout)
+    indptr, indices, last = tables
+    dec.plan(torch.from_numpy(indptr), torch.from_numpy(indices).cuda(), torch.from_numpy(last), q.shape[1], hkv,
+             q.shape[2], page_size, **plan_kw)
+    out = torch.full_like(q, float("nan"))
+    o, lse = dec.run(q, k, v, out=out, return_lse=True)
+    assert o is out and lse.dtype == torch.float32
+    return o, lse
+
+
+PAGES, HEADS, DIMS, DTYPES = [1, 8, 16, 32, 64, 128], [(8, 8), (32, 8), (64, 8)], [64, 128, 256], ["bfloat16", "float16"]
+# every page size in both layouts, with groups 1/4/8, each head dim and dtype among them
+CASES = [(page, layout, *HEADS[i % 3], DIMS[i // 3 % 3], DTYPES[i // 2 % 2])
+         for i, (page, layout) in enumerate(itertools.product(PAGES, ("NHD", "HND")))]
+
+
+@pytest.mark.parametrize("page_size, layout, hq, hkv, d, dtype", CASES)
+def test_matches_reference(page_size, layout, hq, hkv, d, dtype):
+    lens = [1000, 0, 1, 3 * page_size, 300, page_size + 1, 0, 2500]
+    q, k, v, tables = make(lens, page_size, hq, hkv, d, dtype, layout, seed=page_size + d)
+    o, lse = decode(q, k, v, tables, page_size, layout, hkv)
+    check(o, lse, expected(q, k, v, tables, layout), lens, dtype)
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_split_requests_merge_with_scale(page_size):
+    """A forced small chunk: requests of 0..5000 rows take 1..78 chunks each, merged by ticket."""
+    lens = [5000, 64, 65, 0, 4097, 129]
+    q, k, v, tables = make(lens, page_size, 32, 4, 128, "bfloat16", "NHD", seed=7 + page_size)
+    o, lse = decode(q, k, v, tables, page_size, "NHD", 4, scale=0.3, chunk_size=64)
+    check(o, lse, expected(q, k, v, tables, "NHD", scale=0.3), lens, "bfloat16")
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_k_and_v_as_views_of_one_buffer(page_size):
+    """FlashInfer's [num_pages, 2, ...] cache: K and V strided views with equal strides."""
+    lens = [700, 33, 0]
+    q, k, v, tables = make(lens, page_size, 32, 8, 128, "bfloat16", "HND", seed=11)
+    kv = torch.stack([k, v], dim=1)
+    o, lse = decode(q, kv[:, 0], kv[:, 1], tables, page_size, "HND", 8)
+    check(o, lse, expected(q, k, v, tables, "HND"), lens, "bfloat16")
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_cuda_graph_replays_new_page_tables(page_size):
+    """A graph captured around run() reads the tables of the latest plan() (same batch size and
+    kv_indices buffer), requests longer than at capture included."""
+    hq, hkv, d, capacity = 32, 8, 128, 13000 // page_size + 16   # pages enough for every table here
+    nan = float("nan")
+    q = torch.empty(3, hq, d, dtype=torch.bfloat16, device="cuda")
+    k, v = (torch.empty(capacity, page_size, hkv, d, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    indices = torch.zeros(capacity, dtype=torch.int32, device="cuda")   # the capture's kv_indices buffer
+    out = torch.empty_like(q)
+    dec = pykda.BatchDecodeWithPagedKVCache()
+
+    def load(lens, seed):
+        """New data and page table in the captured buffers, planned."""
+        q2, k2, v2, (indptr, idx, last) = make(lens, page_size, hq, hkv, d, "bfloat16", "NHD", seed)
+        k.fill_(nan), v.fill_(nan)
+        k[: k2.shape[0]], v[: k2.shape[0]] = k2, v2
+        q.copy_(q2)
+        indices[: len(idx)] = torch.from_numpy(idx).cuda()
+        dec.plan(indptr, indices, last, hq, hkv, d, page_size)
+        return q2, k2, v2, (indptr, idx, last)
+    load([3000, 1, 200], 13)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):   # warm-up on the capture stream: compile, grow its workspace
+        dec.run(q, k, v, out=out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        _, lse = dec.run(q, k, v, out=out, return_lse=True)
+    for seed, lens in ((14, [9000, 0, 5]), (15, [1, 2999, 64])):
+        q2, k2, v2, tables = load(lens, seed)
+        out.fill_(nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, lse, expected(q2, k2, v2, tables, "NHD"), lens, "bfloat16")
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 128])
+def test_page_ids_outside_the_pool_read_zeros(page_size):
+    """Memory safety: a page id past the pool or negative reads zero rows (scores 0, values 0)."""
+    lens = [3 * page_size, 2 * page_size]
+    q, k, v, (indptr, indices, last) = make(lens, page_size, 8, 8, 64, "bfloat16", "NHD", seed=17)
+    pool = k.shape[0]
+    indices = indices.copy()
+    indices[1], indices[indptr[1]] = pool + 1000, -1
+    o, lse = decode(q, k, v, (indptr, indices, last), page_size, "NHD", 8)
+    zero = torch.zeros(1, *k.shape[1:], dtype=k.dtype, device="cuda")
+    k0, v0 = torch.cat([k, zero]), torch.cat([v, zero])   # the bad ids read page `pool` of zeros
+    ref_indices = np.where((indices < 0) | (indices >= pool), pool, indices)
+    check(o, lse, expected(q, k0, v0, (indptr, ref_indices, last), "NHD"), lens, "bfloat16")
