@@ -1,7 +1,8 @@
 """Float64 references for pykda's kernels (NumPy; the decode one also runs on CuPy arrays).
 
-* Softmax decode attention (``decode_attention``, ``batch_decode_attention``): one query token
-  per head against a KV cache, with grouped-query attention.
+* Softmax decode attention (``decode_attention``, ``batch_decode_attention``,
+  ``paged_decode_attention``): one query token per head against a KV cache (paged or not), with
+  grouped-query attention.
 * Kimi Delta Attention (KDA): the naive per-token recurrence (``kda_recurrent``) and the
   chunked form the kernels implement (``kda_chunked``), written independently of each other;
   they agree to ~1e-12, which checks the chunked algebra of DESIGN.md.
@@ -19,6 +20,7 @@ import numpy as np
 __all__ = [
     "decode_attention",
     "batch_decode_attention",
+    "paged_decode_attention",
     "sigmoid",
     "softplus",
     "kda_gate",
@@ -97,6 +99,25 @@ def decode_attention(q, k, v, scale=None):
         raise ValueError(f"expected q [Hq,D], k/v [S,Hkv,D]; got {q.shape}, {k.shape}, {v.shape}")
     o, lse = batch_decode_attention(q[None], k[None], v[None], scale)
     return o[0], lse[0]
+
+
+def paged_decode_attention(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout="NHD",
+                           scale=None):
+    """Decode attention over a paged cache (FlashInfer's page table): q ``[B, Hq, D]``; request
+    ``b`` reads pages ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]`` of k/v ``[P, page, Hkv, D]``
+    ("NHD") or ``[P, Hkv, page, D]`` ("HND"), all rows but the last page's past
+    ``kv_last_page_len[b]``. Page-table arrays on the host. Returns ``(o [B, Hq, D], lse [B, Hq])``
+    float64 (on the module of q); a request without pages gives zeros and ``-inf``."""
+    xp = _array_module(q)
+    if kv_layout == "HND":
+        k_cache, v_cache = (xp.swapaxes(x, 1, 2) for x in (k_cache, v_cache))
+    outs = []
+    for b in range(q.shape[0]):
+        pages = np.asarray(kv_indices[kv_indptr[b]:kv_indptr[b + 1]], dtype=np.int64)
+        rows = max(len(pages) - 1, 0) * k_cache.shape[1] + (kv_last_page_len[b] if len(pages) else 0)
+        k, v = (x[xp.asarray(pages)].reshape((-1,) + tuple(x.shape[2:]))[:rows] for x in (k_cache, v_cache))
+        outs.append(decode_attention(q[b], k, v, scale))
+    return xp.stack([o for o, _ in outs]), xp.stack([lse for _, lse in outs])
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,15 +244,22 @@ def _kda_prepare(q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_s
 
 
 def _run_sequences(step_fn, qn, kn, v, a, b, S0, seqs):
-    """Apply ``step_fn(qn, kn, v, a, b, S) -> (o, S)`` (arrays ``[n, T, H, ...]``) per sequence."""
+    """Apply ``step_fn(qn, kn, v, a, b, S) -> (o, S, *per_token)`` (arrays ``[n, T, H, ...]``) per
+    sequence; each per-token result (the states after each token) is placed like ``o``."""
     if seqs is None:
         return step_fn(qn, kn, v, a, b, S0)
-    o = np.zeros(v.shape)
     S = np.empty_like(S0)
+    per_token = None
     for n, (s, e) in enumerate(seqs):
         sl = (slice(0, 1), slice(s, e))
-        o[sl], S[n : n + 1] = step_fn(qn[sl], kn[sl], v[sl], a[sl], b[sl], S0[n : n + 1])
-    return o, S
+        o_n, S[n : n + 1], *rest = step_fn(qn[sl], kn[sl], v[sl], a[sl], b[sl], S0[n : n + 1])
+        if per_token is None:   # o, then the rest: [1, T, H, ...] each
+            per_token = [np.zeros(v.shape[:2] + x.shape[2:]) for x in (o_n, *rest)]
+        for whole, part in zip(per_token, (o_n, *rest)):
+            whole[sl] = part
+    if per_token is None:
+        return np.zeros(v.shape), S
+    return (per_token[0], S, *per_token[1:])
 
 
 # --------------------------------------------------------------------------------------------
@@ -241,7 +269,7 @@ def _run_sequences(step_fn, qn, kn, v, a, b, S0, seqs):
 
 def kda_recurrent(
     q, k, v, g, beta, *, A_log=None, dt_bias=None, lower_bound=-5.0, scale=None, initial_state=None,
-    cu_seqlens=None, gate="safe", beta_form="logit", qk_norm=True,
+    cu_seqlens=None, gate="safe", beta_form="logit", qk_norm=True, intermediate_states=False,
 ):
     """Naive per-token KDA recurrence (float64), vectorized over batch and heads.
 
@@ -252,7 +280,9 @@ def kda_recurrent(
     ``scale`` defaults to ``K**-0.5``. With ``cu_seqlens`` (int ``[N+1]``, B must be 1) the
     sequences are the token ranges ``[cu[i], cu[i+1])``; otherwise N = B.
     ``initial_state`` ``[N, H, V, K]`` (None: zeros).
-    Returns ``(o [B, T, H, V], final_state [N, H, V, K])``, both float64.
+    Returns ``(o [B, T, H, V], final_state [N, H, V, K])``, both float64; with
+    ``intermediate_states`` also the state after every token, ``[B, T, H, V, K]`` (speculative
+    decode stores each one).
     """
     qn, kn, v, a, b, scale, S0, seqs = _kda_prepare(
         q, k, v, g, beta, A_log, dt_bias, lower_bound, scale, initial_state, cu_seqlens, gate, beta_form, qk_norm
@@ -262,13 +292,16 @@ def kda_recurrent(
     def run(qn, kn, v, decay, b, S):
         S = S.copy()  # [n, H, V, K]
         o = np.empty(v.shape)
+        states = np.empty(v.shape[:3] + S.shape[-2:]) if intermediate_states else None
         for t in range(v.shape[1]):
             S *= decay[:, t, :, None, :]
             k_t = kn[:, t, :, :, None]  # [n, H, K, 1]
             err = v[:, t] - (S @ k_t)[..., 0]  # [n, H, V]
             S += (b[:, t, :, None] * err)[..., None] * kn[:, t, :, None, :]
             o[:, t] = scale * (S @ qn[:, t, :, :, None])[..., 0]
-        return o, S
+            if intermediate_states:
+                states[:, t] = S
+        return (o, S, states) if intermediate_states else (o, S)
 
     return _run_sequences(run, qn, kn, v, decay, b, S0, seqs)
 

@@ -159,6 +159,9 @@ def test_cases_and_table(capsys):
     assert len(full) - len(safe) == 2 * len(bench.GATE_ROWS) <= 8, "a modest number of rows for the other gates"
     quick = bench.cases(True)
     assert set(quick) <= set(full) and {c[0] for c in quick} == set(bench.GATES)
+    spec = bench.spec_cases(False)
+    assert set(bench.spec_cases(True)) <= set(spec) and {c[4] for c in spec} == {1, 2, 4, 8}
+    assert {c[0] for c in spec} == set(bench.GATES) and all(c[2:4] == (32, 64) for c in spec), "the issue's B 64 H 32"
     rows = [dict(gate="safe", pool="float32", H=32, B=1, us=7.3, host_us=20.0, graph_us=3.1, tbs=0.58, pct_copy=14.0,
                  pct_same_copy=60.0, err=1e-3, fla_us=9.7, fla_host_us=90.0, fla_graph_us=3.0, fla_err=2e-3),
             dict(gate="softplus", pool="bfloat16", H=8, B=256, us=None, err=2e-3, fla_error="RuntimeError: x")]
@@ -220,16 +223,17 @@ def cpu_quick_case(monkeypatch, gates=("safe",)):
     drawn on the CPU."""
     monkeypatch.setattr(bench, "D", 8)
     monkeypatch.setattr(bench, "QUICK", tuple((gate, "float32", 2, 3) for gate in gates))
+    monkeypatch.setattr(bench, "SPEC_QUICK", ())   # the speculative-decode table: on the GPU only
     real_inputs = bench._inputs
 
-    def cpu_inputs(B, H, pool_dtype, gate="safe"):
+    def cpu_inputs(B, H, pool_dtype, gate="safe", T=None):
         with monkeypatch.context() as m:
             m.setattr(torch, "Generator", lambda device=None: torch.random.default_generator.__class__())
             real_randn, real_rand, real_randperm = torch.randn, torch.rand, torch.randperm
             m.setattr(torch, "randn", lambda *s, generator=None, device=None: real_randn(*s, generator=generator))
             m.setattr(torch, "rand", lambda *s, generator=None, device=None: real_rand(*s, generator=generator))
             m.setattr(torch, "randperm", lambda n, device=None: real_randperm(n))
-            return real_inputs(B, H, pool_dtype, gate)
+            return real_inputs(B, H, pool_dtype, gate, T)
     monkeypatch.setattr(bench, "_inputs", cpu_inputs)
 
 

@@ -99,7 +99,8 @@ def _kda_decode_arrays(**change):
     B, H, D = 2, 4, 128
     a = dict(q=arr((B, 1, H, D)), k=arr((B, 1, H, D)), v=arr((B, 1, H, D)), g=arr((B, 1, H, D)),
              beta=arr((B, 1, H)), A_log=arr((H,), "float32"), dt_bias=arr((H * D,), "float32"),
-             state=arr((2 * B, H, D, D), "float32"), state_indices=arr((B,), "int32"), cu_seqlens=None, out=None)
+             state=arr((2 * B, H, D, D), "float32"), state_indices=arr((B,), "int32"), num_accepted_tokens=None, cu_seqlens=None,
+             out=None)   # in kda_decode.ARGUMENTS' order
     a.update(change)
     return tuple(a.values())
 

@@ -34,6 +34,22 @@ def test_valid_problem_is_described():
     p = validate_kda_decode(**args(B=1, T=9, cu_seqlens=arr((4,), "int64"), state_indices=arr((3,), "int64"),
                                    dt_bias=arr((8 * 128,), "float32"), state_dtype="bfloat16"))
     assert (p.sequences, p.cu_dtype, p.index_dtype, p.state_dtype) == (3, "int64", "int64", "bfloat16")
+    assert (p.index_cols, p.accepted_dtype) == (0, "int32")
+
+
+def test_speculative_decode_problem_is_described():
+    """2-D state_indices [N, C] (a row per token) with num_accepted_tokens; with cu_seqlens C
+    need not reach the packed T."""
+    p = validate_kda_decode(**args(T=4, q=arr((4, 4, 8, 128)), k=arr((4, 4, 8, 128)), v=arr((4, 4, 8, 128)),
+                                   g=arr((4, 4, 8, 128)), beta=arr((4, 4, 8)), state_indices=arr((4, 5), "int64"),
+                                   num_accepted_tokens=arr((4,), "int64")))
+    assert (p.tokens, p.index_cols, p.index_dtype, p.accepted_dtype) == (4, 5, "int64", "int64")
+    p = validate_kda_decode(**args(B=1, T=12, cu_seqlens=arr((4,), "int32"), state_indices=arr((3, 4), "int32"),
+                                   num_accepted_tokens=arr((3,), "int32")))
+    assert (p.sequences, p.index_cols) == (3, 4)
+    # a view of a wider buffer (vLLM slices its [max_seqs, C] table): rows may be strided
+    p = validate_kda_decode(**args(state_indices=arr((4, 2), "int32", strides=(8, 1))))
+    assert p.index_cols == 2
 
 
 def test_gate_modes_are_accepted():
@@ -54,7 +70,22 @@ def test_gate_modes_are_accepted():
     (dict(state=None), ValueError, "initial_state .* is required"),
     (dict(state_indices=arr((4,), "float32")), TypeError, "state_indices must have dtype int32 or int64"),
     (dict(state_indices=arr((5,), "int32")), ValueError, "state_indices must have shape"),
-    (dict(state_indices=arr((4, 1), "int32")), ValueError, r"state_indices must have shape .*; got \(4, 1\)"),
+    (dict(state_indices=arr((4, 1, 1), "int32")), ValueError, r"state_indices must have shape .*; got \(4, 1, 1\)"),
+    (dict(state_indices=arr((5, 2), "int32")), ValueError, r"state_indices must have shape \[N, T\] .* = \(4, 2\)"),
+    (dict(state_indices=arr((4, 0), "int32")), ValueError, r"state_indices \[N, C\] needs a column per token"),
+    (dict(q=arr((4, 3, 8, 128)), k=arr((4, 3, 8, 128)), v=arr((4, 3, 8, 128)), g=arr((4, 3, 8, 128)),
+          beta=arr((4, 3, 8)), state_indices=arr((4, 2), "int32")), ValueError, r"C >= T = 3.*; got C = 2"),
+    (dict(state_indices=arr((4, 2), "int32", strides=(2, 2))), ValueError, "state_indices must be contiguous in its last"),
+    (dict(state_indices=arr((4, 2), "int16")), TypeError, "state_indices must have dtype int32 or int64"),
+    (dict(num_accepted_tokens=arr((4,), "int32")), ValueError, r"num_accepted_tokens needs 2-D state_indices"),
+    (dict(state_indices=arr((4, 2), "int32"), num_accepted_tokens=arr((4,), "float32")), TypeError,
+     "num_accepted_tokens must have dtype int32 or int64"),
+    (dict(state_indices=arr((4, 2), "int32"), num_accepted_tokens=arr((3,), "int32")), ValueError,
+     r"num_accepted_tokens must have shape \[N\] = \(4,\)"),
+    (dict(state_indices=arr((4, 2), "int32"), num_accepted_tokens=arr((4,), "int32", strides=(2,))), ValueError,
+     "num_accepted_tokens must be contiguous"),
+    (dict(state_indices=arr((4, 2), "int32"), num_accepted_tokens=arr((4,), "int32", device=1)), ValueError,
+     "all arrays must be on one device"),
     (dict(q=arr((4, 0, 8, 128)), k=arr((4, 0, 8, 128)), v=arr((4, 0, 8, 128)), g=arr((4, 0, 8, 128)),
           beta=arr((4, 0, 8))), ValueError, "at least one token"),
     (dict(q=arr((2, 2 ** 30, 8, 128)), k=arr((2, 2 ** 30, 8, 128)), v=arr((2, 2 ** 30, 8, 128)),
@@ -110,6 +141,12 @@ def _call(a, **kw):
 
 
 @pytest.mark.parametrize("kw, exc, message", [
+    (dict(**SAFE_GATE_FLAGS._asdict(), state_v_first=True, ssm_state_indices=arr((4,), "int32")), ValueError,
+     "pass state_indices or ssm_state_indices"),
+    (dict(**SAFE_GATE_FLAGS._asdict(), state_v_first=True, inplace_final_state=False), ValueError,
+     "inplace_final_state=False is not supported"),
+    (dict(**SAFE_GATE_FLAGS._asdict(), state_v_first=True, num_accepted_tokens=arr((4,), "int32")), ValueError,
+     "num_accepted_tokens needs 2-D state_indices"),
     (dict(**SAFE_GATE_FLAGS._asdict()), ValueError, "fla's default \\[P, H, K, V\\] is not supported in decode"),
     (dict(**SAFE_GATE_FLAGS._asdict(), state_v_first=False), ValueError, "pass state_v_first=True"),
     (dict(state_v_first=True), ValueError, "A_log is given but use_gate_in_kernel=False"),   # fla's defaults
@@ -154,12 +191,32 @@ def test_decode_returns_the_output_and_the_pool(fake_launch, mode, output_final_
     assert launch_args[-2] == (-5.0 if mode == "safe" else 0.0)
 
 
+def test_speculative_call_passes_the_index_table(fake_launch):
+    """fla's keywords (ssm_state_indices, num_accepted_tokens): the table's pointer, row stride and
+    columns and num_accepted_tokens' pointer reach the kernel; state_indices= is the same call."""
+    a = args(T=2, q=arr((4, 2, 8, 128)), k=arr((4, 2, 8, 128)), v=arr((4, 2, 8, 128)), g=arr((4, 2, 8, 128)),
+             beta=arr((4, 2, 8)), state=arr((16, 8, 128, 128), ptr=BASE * 5), state_indices=None)
+    table, accepted = arr((4, 3), "int32", strides=(8, 1), ptr=BASE * 6), arr((4,), "int32", ptr=BASE * 7)
+    for name in ("ssm_state_indices", "state_indices"):
+        pykda.fused_recurrent_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], A_log=a["A_log"], dt_bias=a["dt_bias"],
+                                  initial_state=a["state"], **SAFE_GATE_FLAGS._asdict(), state_v_first=True,
+                                  out=arr((4, 2, 8, 128), ptr=BASE * 2), num_accepted_tokens=accepted, stream=7,
+                                  **{name: table})
+    (p, first, _), (p2, second, _) = fake_launch
+    assert p == p2 and first == second
+    assert (p.index_cols, p.tokens) == (3, 2)
+    assert first[8:14] == (BASE * 5, 16, BASE * 6, 8, 3, BASE * 7)   # pool, P, table, row stride, C, accepted
+
+
 def test_index_values_checked_on_request():
     check_state_indices(np.array([3, -1, 0, 7]), 8)
     with pytest.raises(ValueError, match="state_indices holds 8, out of range for a pool of 8 rows"):
         check_state_indices(np.array([3, 8]), 8)
     with pytest.raises(ValueError, match=r"state_indices repeats pool rows \[3\]"):
         check_state_indices(np.array([3, -1, 3, -1]), 8)
+    check_state_indices(np.array([[3, -1, 0], [1, 2, -1]]), 8)   # 2-D: every entry is a row of its own
+    with pytest.raises(ValueError, match=r"state_indices repeats pool rows \[2\]"):
+        check_state_indices(np.array([[3, 2, 0], [1, 2, -1]]), 8)
 
 
 @pytest.mark.parametrize("state, dim", [("float32", 128), ("float32", 64), ("bfloat16", 128), ("bfloat16", 64)])

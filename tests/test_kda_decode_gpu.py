@@ -35,19 +35,36 @@ def f64(t):
     return t.double().cpu().numpy()
 
 
-def reference_step(x, pool_before, rows, cu=None, flags=SAFE):
-    """Reference outputs and new states for sequences whose pool rows are `rows` (-1 = padding)."""
+def start_row(rows, n, accepted=None):
+    """The pool row sequence n starts from: rows[n], or for speculative decode (rows[n] a list)
+    rows[n][accepted[n] - 1] (column 0 without accepted); -1 for padding."""
+    if not isinstance(rows[n], list):
+        return rows[n]
+    col = accepted[n] - 1 if accepted is not None else 0
+    return rows[n][col] if 0 <= col < len(rows[n]) else -1
+
+
+def reference_step(x, pool_before, rows, cu=None, flags=SAFE, accepted=None):
+    """Reference outputs and new states for sequences whose pool rows are `rows` (-1 = padding):
+    [N], the row read and written, or [N][C] (speculative decode: the state after token t goes to
+    rows[n][t], the start row is `start_row`)."""
     ref_kwargs = reference.kda_options(flags)
-    live = [i for i, r in enumerate(rows) if r >= 0]
     o = np.zeros(tuple(x["v"].shape))
     new = {}
-    for i in live:
+    for i in range(len(rows)):
+        start = start_row(rows, i, accepted)
+        if start < 0:
+            continue
         sl = (slice(0, 1), slice(cu[i], cu[i + 1])) if cu is not None else (slice(i, i + 1),)
         args = {n: f64(x[n][sl]) for n in ("q", "k", "v", "g", "beta")}
-        oi, si = reference.kda_recurrent(**args, **{n: f64(x[n]) for n in ("A_log", "dt_bias") if n in x},
-                                         initial_state=f64(pool_before[rows[i]])[None], **ref_kwargs)
+        oi, si, states = reference.kda_recurrent(**args, **{n: f64(x[n]) for n in ("A_log", "dt_bias") if n in x},
+                                                 initial_state=f64(pool_before[start])[None], **ref_kwargs,
+                                                 intermediate_states=True)
         o[sl] = oi
-        new[rows[i]] = si[0]
+        if isinstance(rows[i], list):
+            new.update((r, states[0, t]) for t, r in enumerate(rows[i][:states.shape[1]]) if r >= 0)
+        else:
+            new[start] = si[0]
     return o, new
 
 
@@ -257,3 +274,133 @@ def test_torch_parameters_cupy_arrays_and_a_stream_give_the_same_step():
     assert reference.relative_error(f64(outs[0]), o_ref) < 1e-2
     with pytest.raises(TypeError, match="dt_bias must be a CUDA tensor; got a torch tensor on cpu"):
         decode({**x, "dt_bias": x["dt_bias"].cpu()}, initial_state=pool, state_indices=idx)
+
+
+# ---- speculative decode: 2-D state_indices [N, C] and num_accepted_tokens (fla's / vLLM's names) ----
+
+def vllm_inputs(x):
+    """vLLM's decode inputs: g the log-decay (fp32, Kimi Linear's gate applied), β probabilities (fp32)."""
+    x["g"] = torch.tensor(reference.kda_gate(f64(x["g"]), f64(x["A_log"]), f64(x["dt_bias"]), None, "softplus"),
+                          dtype=torch.float32, device="cuda")
+    x["beta"] = torch.sigmoid(x["beta"].float())
+    del x["A_log"], x["dt_bias"]
+
+
+def spec_table(N, C, P, pad_seqs, pad_cells, dtype):
+    """A random [N, C] table of distinct pool rows with padding cells (-1), every sequence in
+    `pad_seqs` with all cells -1, and num_accepted_tokens in 1..C whose start cell is a row."""
+    rows = torch.randperm(P)
+    table = rows[:N * C].reshape(N, C).clone()
+    table[torch.rand(N, C) < pad_cells] = -1
+    acc = torch.randint(1, C + 1, (N,))
+    for n in range(N):
+        if n in pad_seqs:
+            table[n] = -1
+        else:   # the start cell holds a row (the first cell's own, refilled where padded)
+            table[n, acc[n] - 1] = rows[n * C + acc[n] - 1]
+    return table.to(dtype).cuda(), acc.to(dtype).cuda()
+
+
+def check_spec_step(x, pool, before, table, acc, flags, tol, cu=None, **kw):
+    """One speculative step on `pool` (`before`: its copy) against `reference_step`; outputs
+    poisoned first, rows not written unchanged, padded sequences' outputs zero. Returns the
+    reference's new rows."""
+    rows, accepted = table.tolist(), acc.tolist() if acc is not None else None
+    out = torch.full_like(x["v"], float("nan"))
+    o, ret = pykda.fused_recurrent_kda(**x, **flags, state_v_first=True, initial_state=pool, ssm_state_indices=table,
+                                       num_accepted_tokens=acc, out=out, cu_seqlens=cu, output_final_state=True, **kw)
+    assert o is out and ret is pool
+    o_ref, new = reference_step(x, before, rows, cu=None if cu is None else cu.tolist(), flags=flags,
+                                accepted=accepted)
+    assert torch.isfinite(o).all() and torch.isfinite(pool).all()
+    assert reference.relative_error(f64(o), o_ref) < tol
+    for r in range(pool.shape[0]):
+        if r in new:
+            err = reference.relative_error(f64(pool[r]), new[r])
+            assert err < tol, f"pool row {r}: {err:.2e}"
+        else:
+            assert torch.equal(pool[r], before[r]), f"untouched pool row {r} changed"
+    cu_l = cu.tolist() if cu is not None else None
+    for n in range(len(rows)):
+        if start_row(rows, n, accepted) < 0:   # padding: zero outputs
+            sl = (0, slice(cu_l[n], cu_l[n + 1])) if cu is not None else n
+            assert (o[sl] == 0).all()
+    return new
+
+
+@pytest.mark.parametrize("gate", ["safe", "softplus", "none"])
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("K", [64, 128])
+def test_speculative_step_matches_reference(gate, state_dtype, K):
+    """Random [N, T] tables with padding cells and padded sequences, num_accepted_tokens in 1..T,
+    int32 and int64: outputs and every row written against the float64 recurrence."""
+    for N, T, dtype in ((37, 4, torch.int32), (5, 8, torch.int64), (64, 2, torch.int32)):
+        H, P = 4, N * T + 7
+        x, pool = make(N, T, H, K, P, state_dtype, seed=N * 7 + T + K)
+        if gate == "none":
+            vllm_inputs(x)
+        table, acc = spec_table(N, T, P, pad_seqs={1, N - 2}, pad_cells=0.2, dtype=dtype)
+        check_spec_step(x, pool, pool.clone(), table, acc, GATE_FLAGS[gate], TOL[state_dtype])
+
+
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+def test_speculative_packed_as_vllm_calls_it(state_dtype):
+    """cu_seqlens (vLLM packs its spec tokens): lengths 0..C, a table wider than some sequences,
+    a strided view of a wider table, without num_accepted_tokens (column 0)."""
+    H, K, C = 4, 128, 4
+    lens = [4, 1, 0, 3, 4, 2]
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
+    x, pool = make(1, sum(lens), H, K, 40, state_dtype, seed=71)
+    vllm_inputs(x)
+    cells, acc = spec_table(len(lens), C, 40, pad_seqs={5}, pad_cells=0.1, dtype=torch.int32)
+    wide = torch.full((len(lens), 2 * C), -1, dtype=torch.int32, device="cuda")
+    wide[:, :C] = cells
+    table = wide[:, :C]   # row stride 2C
+    check_spec_step(x, pool, pool.clone(), table, acc, GATE_FLAGS["none"], TOL[state_dtype], cu=cu)
+    check_spec_step(x, pool, pool.clone(), table.contiguous(), None, GATE_FLAGS["none"], TOL[state_dtype], cu=cu)
+
+
+@pytest.mark.parametrize("gate", ["safe", "softplus", "none"])
+def test_prefill_then_speculative_steps_equal_sequential_decode(gate):
+    """chunk_kda prefill of a prompt into pool rows, then two speculative steps (the second from
+    the row of the last accepted draft token of the first, as vLLM runs them): outputs and rows
+    equal the float64 recurrence over the whole accepted path and pykda's own one-token steps."""
+    N, H, K, T0, T = 6, 4, 128, 40, 4
+    x, _ = make(N, T0 + 2 * T, H, K, 1, "float32", seed=81)
+    if gate == "none":
+        vllm_inputs(x)
+    flags, seq = GATE_FLAGS[gate], ("q", "k", "v", "g", "beta")
+    params = {n: x[n] for n in ("A_log", "dt_bias") if n in x}
+    part = lambda a, b: {**{s: x[s][:, a:b] for s in seq}, **params}
+    P = N * T + 3
+    table = torch.randperm(P, device="cuda")[:N * T].reshape(N, T).to(torch.int32)
+    pool = torch.zeros(P, H, K, K, device="cuda")
+    first = table[:, 0].contiguous()
+    pykda.chunk_kda(*(part(0, T0)[s] for s in seq), **params, **flags, state_v_first=True, initial_state=pool,
+                    state_indices=first)   # the prompt's final state into column 0
+    # step 1 from column 0 (num_accepted_tokens = 1), step 2 from the last accepted draft of step 1
+    acc1 = torch.ones(N, dtype=torch.int32, device="cuda")
+    acc2 = torch.randint(1, T + 1, (N,), dtype=torch.int32, device="cuda")
+    before = pool.clone()
+    check_spec_step(part(T0, T0 + T), pool, before, table, acc1, flags, 1e-2)
+    before = pool.clone()   # step 1's rows
+    check_spec_step(part(T0 + T, T0 + 2 * T), pool, before, table, acc2, flags, 1e-2)
+    # against the float64 recurrence over the accepted path: prompt, a2 drafts of step 1, step 2
+    for n in range(N):
+        a2 = int(acc2[n])
+        path = {s: torch.cat([x[s][n:n + 1, :T0 + a2], x[s][n:n + 1, T0 + T:]], dim=1) for s in seq}
+        o_ref, _, states = reference.kda_recurrent(**{s: f64(t) for s, t in path.items()},
+                                                   **{k: f64(v) for k, v in params.items()},
+                                                   **reference.kda_options(flags), intermediate_states=True)
+        for t in range(T):
+            err = reference.relative_error(f64(pool[int(table[n, t])]), states[0, T0 + a2 + t])
+            assert err < 1e-2, f"sequence {n}, token {t}: {err:.2e}"
+        assert reference.relative_error(f64(before[int(table[n, a2 - 1])]), states[0, T0 + a2 - 1]) < 1e-2
+    # pykda's one-token steps from the prompt's state give step 1's rows (the same fp32 arithmetic)
+    seq_pool = torch.zeros(N, H, K, K, device="cuda")
+    pykda.chunk_kda(*(part(0, T0)[s] for s in seq), **params, **flags, state_v_first=True, initial_state=seq_pool,
+                    state_indices=torch.arange(N, dtype=torch.int32, device="cuda"))
+    for t in range(T):
+        pykda.fused_recurrent_kda(**part(T0 + t, T0 + t + 1), **flags, state_v_first=True, initial_state=seq_pool)
+        for n in range(N):
+            assert reference.relative_error(f64(seq_pool[n]), f64(before[int(table[n, t])])) < 1e-5

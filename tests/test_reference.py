@@ -268,6 +268,29 @@ def test_varlen(with_state, chunk_size, lower_bound):
         assert ref.relative_error(s_n[0], s_r[n]) < TOL
 
 
+@pytest.mark.parametrize("varlen", [False, True])
+def test_intermediate_states_are_the_states_of_each_prefix(varlen):
+    """kda_recurrent(intermediate_states=True): the state after token t is the final state of
+    the sequence's first t + 1 tokens (speculative decode stores each one); o and the final state
+    are those of the plain call; a zero-length sequence adds none."""
+    rng = np.random.default_rng(11)
+    cu = np.array([0, 3, 3, 7]) if varlen else None
+    B, T, N = (1, 7, 3) if varlen else (2, 5, 2)
+    x, p, s0 = _kda_inputs(rng, B, T, 2, 8, 8, True, N=N)
+    o, s, states = ref.kda_recurrent(*x, **p, initial_state=s0, cu_seqlens=cu, intermediate_states=True)
+    o_plain, s_plain = ref.kda_recurrent(*x, **p, initial_state=s0, cu_seqlens=cu)
+    np.testing.assert_array_equal(o, o_plain)
+    np.testing.assert_array_equal(s, s_plain)
+    assert states.shape == (B, T, 2, 8, 8)
+    ranges = [(0, n, int(cu[n]), int(cu[n + 1])) for n in range(N)] if varlen else [(b, b, 0, T) for b in range(B)]
+    for row, n, a, e in ranges:
+        for t in range(a, e):
+            _, s_t = ref.kda_recurrent(*(y[row:row + 1, a:t + 1] for y in x), **p, initial_state=s0[n:n + 1])
+            np.testing.assert_allclose(states[row, t], s_t[0], rtol=1e-12, atol=1e-12)
+        if e > a:
+            np.testing.assert_array_equal(states[row, e - 1], s[n])
+
+
 def test_float32_inputs_accepted():
     rng = np.random.default_rng(5)
     x, p, s0 = _kda_inputs(rng, 1, 20, 2, 16, 16, True)

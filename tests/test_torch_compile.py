@@ -149,6 +149,30 @@ def test_fake_fused_recurrent_kda_results():
         out = torch.empty(4, 2, 2, 128, dtype=bf16, device="cuda")
         assert torch.ops.pykda.fused_recurrent_kda(**x, initial_state=pool, out=out, **KIMI).numel() == 0
         assert ops.fused_recurrent_kda(**x, initial_state=pool, out=out, **KIMI) == (out, None)
+        # speculative decode: fla's 2-D ssm_state_indices and num_accepted_tokens
+        table, acc = (torch.empty(4, 2, dtype=torch.int32, device="cuda"),
+                      torch.empty(4, dtype=torch.int32, device="cuda"))
+        o, s = ops.fused_recurrent_kda(**x, **KIMI, initial_state=pool, ssm_state_indices=table, num_accepted_tokens=acc,
+                                       inplace_final_state=True, state_v_first=True, output_final_state=True)
+        assert meta(o) == ((4, 2, 2, 128), bf16, "cuda") and s is pool
+
+
+def test_speculative_keywords_reach_the_eager_function(monkeypatch):
+    """The wrapper and the op hand ssm_state_indices, num_accepted_tokens and inplace_final_state
+    to pykda.fused_recurrent_kda, which resolves them (one place)."""
+    seen = {}
+
+    def recording(*args, **kw):
+        seen.update(kw)
+        return stand_in_fused_recurrent_kda(*args, **kw)
+    monkeypatch.setattr(_kda_decode, "fused_recurrent_kda", recording)
+    x = kda_inputs_random(torch.Generator().manual_seed(0), 2, 2, 2, 128)
+    pool = torch.zeros(6, 2, 128, 128)
+    table, acc = torch.tensor([[1, 2], [3, -1]], dtype=torch.int32), torch.tensor([2, 1], dtype=torch.int32)
+    ops.fused_recurrent_kda(**x, **KIMI, initial_state=pool, ssm_state_indices=table, num_accepted_tokens=acc,
+                            state_v_first=True)
+    assert seen["ssm_state_indices"] is table and seen["num_accepted_tokens"] is acc
+    assert seen["inplace_final_state"] is True and seen["state_indices"] is None
 
 
 def test_cp_context_is_refused():

@@ -21,6 +21,11 @@ Columns: kernel µs (cold L2, CUDA events, median); host µs per call in a tight
 write); % of the 4 GiB copy's bandwidth and % of a copy of the same number of bytes (cold L2:
 small problems cannot reach the big copy's bandwidth).
 
+Speculative decode (a second table, column T): T tokens per sequence with 2-D state_indices
+[B, T] and num_accepted_tokens (fla's and vLLM's keywords; both ops get the same call), so each
+step reads one row and writes T (the state after every token): state TB/s counts those 1 + T
+transfers; "x T=1" is the time over the T = 1 row's.
+
 With `--rows-per-thread` or `--stages` it sweeps the template parameters instead: a row per
 setting (kernel µs, TB/s, error), no host timing, and no peer unless `--plot` asks for the
 sweep drawn (then fla's kernel µs and error once per case, in each of its rows).
@@ -43,6 +48,10 @@ GATES = ("safe", "softplus", "vllm")
 GATE_ROWS = (("float32", 32, 1), ("float32", 32, 64), ("bfloat16", 32, 256))   # of the modes other than "safe"
 QUICK = (("safe", "float32", 32, 1), ("safe", "float32", 32, 64), ("safe", "float32", 8, 256),
          ("safe", "bfloat16", 32, 64), ("softplus", "float32", 32, 64), ("vllm", "float32", 32, 64))
+# speculative decode rows (gate, pool, H, B, T): vLLM's call at the issue's B 64, H 32
+SPEC_QUICK = tuple(("vllm", "float32", 32, 64, t) for t in (1, 2, 4, 8)) + tuple(
+    ("vllm", "bfloat16", 32, 64, t) for t in (1, 4))
+SPEC_FULL = tuple((gate, pool, 32, 64, t) for gate in GATES for pool in POOLS for t in (1, 2, 4, 8))
 D = 128
 LOWER_BOUND = -5.0
 # pykda's keywords of each gate mode (fla's names; decode also needs state_v_first=True)
@@ -70,6 +79,11 @@ def cases(quick: bool) -> list[tuple[str, str, int, int]]:
             + [(gate, pool, H, B) for gate in GATES[1:] for pool, H, B in GATE_ROWS])
 
 
+def spec_cases(quick: bool) -> list[tuple[str, str, int, int, int]]:
+    """(gate mode, pool dtype, heads, batch, tokens) rows of the speculative-decode table."""
+    return list(SPEC_QUICK if quick else SPEC_FULL)
+
+
 def fla_flags(gate: str) -> dict:
     """fla's keywords for a gate mode: the same values as pykda's, less `safe_gate` (fla's decode
     has no such parameter: lower_bound alone selects the bounded gate there)."""
@@ -79,19 +93,23 @@ def fla_flags(gate: str) -> dict:
                 lower_bound=flags.get("lower_bound"))
 
 
-def _inputs(B, H, pool_dtype, gate="safe"):
+def _inputs(B, H, pool_dtype, gate="safe", T=None):
     """q, k, v, g, beta (and A_log, dt_bias where the gate is computed in the kernel), the pool
-    [2B, H, V, K] and B distinct rows of it. For "vllm" g is the softplus gate's fp32 log-decay
-    and beta fp32 sigmoid(beta), as vLLM's gate kernel hands them to its decode call."""
+    [2B, H, V, K] and B distinct rows of it; with T (speculative decode) T tokens, a pool of
+    (T + 1)·B rows and a [B, T] table of distinct rows. For "vllm" g is the softplus gate's fp32
+    log-decay and beta fp32 sigmoid(beta), as vLLM's gate kernel hands them to its decode call."""
     import torch
     g = torch.Generator(device="cuda").manual_seed(B * H)
     rnd = lambda *s: torch.randn(*s, generator=g, device="cuda")   # noqa: E731
     bf = torch.bfloat16
-    x = dict(q=rnd(B, 1, H, D).to(bf), k=rnd(B, 1, H, D).to(bf), v=rnd(B, 1, H, D).to(bf),
-             g=rnd(B, 1, H, D).to(bf), beta=rnd(B, 1, H).to(bf),
+    n = T or 1
+    x = dict(q=rnd(B, n, H, D).to(bf), k=rnd(B, n, H, D).to(bf), v=rnd(B, n, H, D).to(bf),
+             g=rnd(B, n, H, D).to(bf), beta=rnd(B, n, H).to(bf),
              A_log=torch.log(torch.rand(H, generator=g, device="cuda") * 15 + 1), dt_bias=0.1 * rnd(H * D))
-    pool = (0.1 * rnd(2 * B, H, D, D)).to(getattr(torch, pool_dtype))
-    idx = torch.randperm(2 * B, device="cuda")[:B].to(torch.int32)
+    P = (n + 1) * B
+    pool = (0.1 * rnd(P, H, D, D)).to(getattr(torch, pool_dtype))
+    idx = torch.randperm(P, device="cuda")[:n * B].to(torch.int32)
+    idx = idx.reshape(B, n) if T else idx
     if gate == "vllm":
         A_log, dt_bias = x.pop("A_log"), x.pop("dt_bias")
         x["g"] = -A_log.exp()[:, None] * torch.nn.functional.softplus(x["g"].float() + dt_bias.view(H, D))
@@ -113,10 +131,15 @@ def fla_peer():
     except Exception as exc:
         fwd, why = None, f"{type(exc).__name__}: {exc}"[:200]
     if fwd is not None:
-        def serving(x, pool, idx, gate="safe"):
+        def serving(x, pool, idx, gate="safe", accepted=None):
+            spec = {}
+            if accepted is not None:   # speculative decode
+                if "num_accepted_tokens" not in params:
+                    raise TypeError("fused_recurrent_kda_fwd has no parameter num_accepted_tokens")
+                spec = dict(num_accepted_tokens=accepted)
             o, _ = fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x.get("A_log"), dt_bias=x.get("dt_bias"),
                        initial_state=pool, scale=D ** -0.5, inplace_final_state=True, ssm_state_indices=idx,
-                       state_v_first=True, **fla_flags(gate))
+                       state_v_first=True, **fla_flags(gate), **spec)
             return o
         return serving, SERVING, True
     try:
@@ -124,7 +147,7 @@ def fla_peer():
     except Exception as exc:
         return None, f"fla not importable ({type(exc).__name__}: {exc})"[:200], False
 
-    def fallback(x, pool, idx, gate="safe"):
+    def fallback(x, pool, idx, gate="safe", accepted=None):
         o, _ = public(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x.get("A_log"), dt_bias=x.get("dt_bias"),
                       initial_state=pool, scale=D ** -0.5, state_v_first=True, **fla_flags(gate))
         return o
@@ -145,22 +168,30 @@ def step_error(x, o, before, after, row: int | None, read_row: int, gate: str = 
     return err
 
 
-def state_bytes(B: int, H: int, pool) -> int:
-    """State traffic of one step: each of the B × H rows read and written once."""
-    return 2 * B * H * D * D * pool.element_size()
+def state_bytes(B: int, H: int, pool, T: int | None = None) -> int:
+    """State traffic of one step: each of the B × H rows read and written once; with T
+    (speculative decode) read once and written T times."""
+    return (1 + (T or 1)) * B * H * D * D * pool.element_size()
 
 
-def checked_step(x, pool, idx, fn, pool_row_written: bool = True, gate: str = "safe") -> float:
+def checked_step(x, pool, idx, fn, pool_row_written: bool = True, gate: str = "safe", accepted=None) -> float:
     """Run one step `fn` on a saved copy's worth of `pool` and return `step_error` of sequence 0
-    (its output, and its pool row where the step writes it in place)."""
-    i0 = int(idx[0])
+    (its output, and its pool row where the step writes it in place; with a [B, T] table the row
+    of its last token, read from column accepted[0] - 1)."""
+    if idx.ndim == 2:
+        read, written = int(idx[0, int(accepted[0]) - 1]), int(idx[0, -1])
+    else:
+        read = written = int(idx[0])
     before = pool.clone()
     o = fn()
-    return step_error(x, o, before, pool, i0 if pool_row_written else None, i0 if pool_row_written else 0, gate)
+    return step_error(x, o, before, pool, written if pool_row_written else None, read if pool_row_written else 0,
+                      gate)
 
 
-def ours_step(x, pool, idx, gate, **kw):
+def ours_step(x, pool, idx, gate, accepted=None, **kw):
     """pykda's step in gate mode `gate` on the pool, in place; returns the output."""
+    if accepted is not None:
+        kw["num_accepted_tokens"] = accepted
     o, _ = fused_recurrent_kda(**x, **FLAGS[gate], state_v_first=True, initial_state=pool, state_indices=idx, **kw)
     return o
 
@@ -204,17 +235,29 @@ def run(args):
         rows.append(_case(gate, pool_dtype, H, B, fla, timer, copy_tbs, repeats, host_n))
         torch.cuda.empty_cache()
     _print(rows, fla[1])
-    return rows
+    spec_rows = []
+    for gate, pool_dtype, H, B, T in progress(spec_cases(quick), "bench kda-decode spec", label=case_label,
+                                              unit="case"):
+        spec_rows.append(_case(gate, pool_dtype, H, B, fla, timer, copy_tbs, repeats, host_n, T=T))
+        torch.cuda.empty_cache()
+    if spec_rows:
+        _print_spec(spec_rows)
+    return rows + spec_rows
 
 
-def _case(gate, pool_dtype, H, B, fla_entry, timer, copy_tbs, repeats, host_n) -> dict:
-    """One row: ours and fla on the same inputs and gate mode, each from its own copy of the pool."""
+def _case(gate, pool_dtype, H, B, fla_entry, timer, copy_tbs, repeats, host_n, T=None) -> dict:
+    """One row: ours and fla on the same inputs and gate mode, each from its own copy of the pool
+    (T: speculative decode of T tokens, num_accepted_tokens cycling through 1..T)."""
+    import torch
     fla, fla_label, fla_serving = fla_entry
-    x, pool, idx = _inputs(B, H, pool_dtype, gate)
-    nbytes = state_bytes(B, H, pool)
-    ours = lambda: ours_step(x, pool, idx, gate)   # noqa: E731
+    x, pool, idx = _inputs(B, H, pool_dtype, gate, T)
+    accepted = torch.arange(B, device="cuda", dtype=torch.int32) % T + 1 if T else None
+    nbytes = state_bytes(B, H, pool, T)
+    ours = lambda: ours_step(x, pool, idx, gate, accepted)   # noqa: E731
     row = dict(gate=gate, pool=pool_dtype, H=H, B=B, state_bytes=nbytes, fla=fla_label,
-               err=checked_step(x, pool, idx, ours, gate=gate))
+               err=checked_step(x, pool, idx, ours, gate=gate, accepted=accepted))
+    if T:
+        row["T"] = T
     _measure(row, "", ours, timer, repeats, host_n)
     copy_us = timer.copy_us(nbytes // 2, repeats=repeats)
     row["copy_us"] = copy_us
@@ -224,18 +267,19 @@ def _case(gate, pool_dtype, H, B, fla_entry, timer, copy_tbs, repeats, host_n) -
         row["pct_same_copy"] = 100 * copy_us / row["us"]
     if fla is not None:
         _fla_step(row, x, pool, idx, gate, fla_entry,
-                  lambda theirs: _measure(row, "fla_", theirs, timer, repeats, host_n))
+                  lambda theirs: _measure(row, "fla_", theirs, timer, repeats, host_n), accepted)
     return row
 
 
-def _fla_step(row, x, pool, idx, gate, fla_entry, measure) -> None:
+def _fla_step(row, x, pool, idx, gate, fla_entry, measure, accepted=None) -> None:
     """fla on its own copy of the pool: row["fla_err"] from one checked step, then `measure(step)`;
     a failure as row["fla_error"]."""
     fla, _, fla_serving = fla_entry
     fla_pool = pool.clone()
-    theirs = lambda: fla(x, fla_pool, idx, gate)   # noqa: E731
+    theirs = lambda: fla(x, fla_pool, idx, gate, accepted)   # noqa: E731
     try:
-        row["fla_err"] = checked_step(x, fla_pool, idx, theirs, pool_row_written=fla_serving, gate=gate)
+        row["fla_err"] = checked_step(x, fla_pool, idx, theirs, pool_row_written=fla_serving, gate=gate,
+                                      accepted=accepted)
         measure(theirs)
     except Exception as exc:
         row["fla_error"] = f"{type(exc).__name__}: {exc}"[:200]
@@ -272,8 +316,8 @@ def _setting(value) -> str:
 
 
 def case_label(case) -> str:
-    gate, pool_dtype, H, B = case
-    return f"{gate} {pool_dtype} H={H} B={B}"
+    gate, pool_dtype, H, B, *T = case
+    return f"{gate} {pool_dtype} H={H} B={B}" + (f" T={T[0]}" if T else "")
 
 
 def _settings_label(point) -> str:
@@ -303,6 +347,27 @@ def _print_sweep(rows):
 
 def _cell(value, fmt, width):
     return f"{value:{width}{fmt}}" if value is not None else f"{'-':>{width}}"
+
+
+def _print_spec(rows):
+    """The speculative-decode table: a row per T, its time over the T = 1 row's of the same case."""
+    print("\nspeculative decode: [B, T] state_indices + num_accepted_tokens, a state row written per token")
+    print(f"{'gate':>8} {'pool':>8} {'H':>3} {'B':>4} {'T':>2} {'us':>7} {'x T=1':>6} {'TB/s':>5} {'err':>7} | "
+          f"{'fla us':>7} {'err':>7} {'x fla':>6}")
+    one = {(r["gate"], r["pool"], r["H"], r["B"]): r.get("us") for r in rows if r["T"] == 1}
+    for r in rows:
+        g = r.get
+        base = one.get((r["gate"], r["pool"], r["H"], r["B"]))
+        slower = g("us") / base if g("us") and base else None
+        ratio = g("fla_us") / g("us") if g("fla_us") and g("us") else None
+        print(f"{r['gate']:>8} {r['pool']:>8} {r['H']:3d} {r['B']:4d} {r['T']:2d} {_cell(g('us'), '.1f', 7)} "
+              f"{_cell(slower, '.2f', 6)} {_cell(g('tbs'), '.2f', 5)} {_cell(g('err'), '.1e', 7)} | "
+              f"{_cell(g('fla_us'), '.1f', 7)} {_cell(g('fla_err'), '.1e', 7)} {_cell(ratio, '.2f', 6)}")
+    for r in rows:
+        for k, v in r.items():
+            if k.endswith("error"):
+                print(f"  {case_label((r['gate'], r['pool'], r['H'], r['B'], r['T']))} {k}: {v}")
+    print("TB/s: state bytes moved (one read, T writes) over the kernel time")
 
 
 def _print(rows, fla_label):

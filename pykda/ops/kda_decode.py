@@ -24,8 +24,8 @@ RING_STAGES = 3
 MAX_STAGED_TOKENS = 8 # tokens per tile whose inputs ride the ring (more are read from global memory)
 # the kernel's parameters, in order, as `runtime.signature` gives them: pointers as int, the
 # Layout struct (18 int64 strides) by its byte length
-KERNEL_SIGNATURE = (int,) * 5 + (18 * 8,) + (int,) * 3 + (np.int32, int, int, np.int32, np.int32, np.int32,
-                                                          int, float, float)
+KERNEL_SIGNATURE = (int,) * 5 + (18 * 8,) + (int,) * 3 + (np.int32, int, np.int64, np.int32, int, int, np.int32,
+                                                          np.int32, np.int32, int, float, float)
 
 
 class KdaDecodeProblem(NamedTuple):
@@ -39,6 +39,8 @@ class KdaDecodeProblem(NamedTuple):
     index_dtype: str    # of state_indices ('int32' when absent)
     cu_dtype: str       # of cu_seqlens ('int32' when absent)
     variant: KdaVariant  # gate mode, β form, norm flag, dtypes of g and beta
+    index_cols: int = 0  # C of 2-D state_indices [N, C] (speculative decode: a row per token); 0 for [N] or none
+    accepted_dtype: str = "int32"   # of num_accepted_tokens ('int32' when absent)
 
 
 @dataclass(frozen=True)
@@ -119,11 +121,12 @@ def kda_decode_spec(p: KdaDecodeProblem, rpt: int, stages: int, arch: str) -> ru
         "K": p.dim, "STATE": STATE_CTYPES[p.state_dtype], "RPT": rpt, "STAGES": stages, "WARPS": WARPS,
         "MIN_CTAS": min_ctas(p.state_dtype, rpt), "TMAX": staged_tokens(p),
         "STAGE_BYTES": stage_bytes(p, rpt), "IDX_T": INDEX_CTYPES[p.index_dtype],
-        "CU_T": INDEX_CTYPES[p.cu_dtype], **p.variant.template_params()}, arch, kernels=("kda_decode",))
+        "CU_T": INDEX_CTYPES[p.cu_dtype], "SPEC": p.index_cols > 0, "ACC_T": INDEX_CTYPES[p.accepted_dtype],
+        **p.variant.template_params()}, arch, kernels=("kda_decode",))
 
 
 def validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out, flags: KdaFlags,
-                        state_v_first: bool) -> KdaDecodeProblem:
+                        state_v_first: bool, num_accepted_tokens=None) -> KdaDecodeProblem:
     """Check dtypes, ranks, shapes, layouts and alignment of every argument; no GPU needed."""
     B, T, H, K = check_kda_inputs(q, k, v, g, beta)
     variant = resolve_variant(flags, g, beta, A_log, dt_bias, H, K)
@@ -156,27 +159,45 @@ def validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, 
             raise ValueError("cu_seqlens must hold at least two offsets (one sequence)")
     else:
         N = B
+    cols = 0
     if state_indices is not None:
         check_dtype(state_indices, "state_indices", tuple(INDEX_CTYPES))
-        check_shape(state_indices, "state_indices", (N,), "[N] (one pool row per sequence)")
-        check_contiguous(state_indices, "state_indices")
+        if state_indices.ndim == 2:   # speculative decode: a pool row per token
+            cols = state_indices.shape[1]
+            check_shape(state_indices, "state_indices", (N, cols), "[N, T] (a pool row per sequence and token)")
+            check_inner_contiguous(state_indices, "state_indices")
+            if cols < 1 or (cu_seqlens is None and cols < T):
+                raise ValueError(f"state_indices [N, C] needs a column per token (C >= T = {T}"
+                                 f"{'' if cu_seqlens is None else ', at least 1 with cu_seqlens'}); got C = {cols}")
+        else:
+            check_shape(state_indices, "state_indices", (N,), "[N] (one pool row per sequence) or [N, T]")
+            check_contiguous(state_indices, "state_indices")
     elif P < N:
         raise ValueError(f"without state_indices sequence n uses pool row n: initial_state needs "
                          f"at least {N} rows; got {P}")
+    if num_accepted_tokens is not None:
+        if cols == 0:
+            raise ValueError("num_accepted_tokens needs 2-D state_indices [N, T] (speculative decode: the step "
+                             "starts from row state_indices[n, num_accepted_tokens[n] - 1])")
+        check_dtype(num_accepted_tokens, "num_accepted_tokens", tuple(INDEX_CTYPES))
+        check_shape(num_accepted_tokens, "num_accepted_tokens", (N,), "[N]")
+        check_contiguous(num_accepted_tokens, "num_accepted_tokens")
     if out is not None:
         check_shape(out, "out", (B, T, H, K), "[B, T, H, V]")
         check_dtype(out, "out", ("bfloat16",))
         check_inner_contiguous(out, "out")
     arrays = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": state}
     for name, a in (("A_log", A_log), ("dt_bias", dt_bias), ("state_indices", state_indices),
-                    ("cu_seqlens", cu_seqlens), ("out", out)):
+                    ("num_accepted_tokens", num_accepted_tokens), ("cu_seqlens", cu_seqlens), ("out", out)):
         if a is not None:
             arrays[name] = a
     check_same_device(arrays)
     return KdaDecodeProblem(batch=B, tokens=T, heads=H, dim=K, sequences=N, pool_rows=P,
                             state_dtype=state.dtype,
                             index_dtype=state_indices.dtype if state_indices is not None else "int32",
-                            cu_dtype=cu_seqlens.dtype if cu_seqlens is not None else "int32", variant=variant)
+                            cu_dtype=cu_seqlens.dtype if cu_seqlens is not None else "int32", variant=variant,
+                            index_cols=cols,
+                            accepted_dtype=num_accepted_tokens.dtype if num_accepted_tokens is not None else "int32")
 
 
 def check_state_indices(indices: np.ndarray, pool_rows: int) -> None:
@@ -213,6 +234,8 @@ class KdaDecodeCall(NamedTuple):
     config: runtime.LaunchConfig
     layout: bytes             # the kernel's `Layout` struct: 18 element strides
     pool_rows: np.int32
+    idx_stride: np.int64      # row stride of 2-D state_indices (0 otherwise)
+    idx_cols: np.int32        # its columns (0 otherwise)
     tokens: np.int32
     heads: np.int32
     n_tiles: np.int32
@@ -220,13 +243,13 @@ class KdaDecodeCall(NamedTuple):
     scale: float
 
 
-def prepare_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out,
+def prepare_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, num_accepted_tokens, cu_seqlens, out,
                        scale, flags, state_v_first, rows_per_thread, stages) -> KdaDecodeCall:
     """Validate a call and make everything its launch needs but the pointers and the stream.
     The output, when `out` is None, is a new contiguous array of v's shape. `flags`: KdaFlags or
     a tuple of its fields (the hot path's key holds a plain tuple)."""
     p = validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out, KdaFlags(*flags),
-                            state_v_first)
+                            state_v_first, num_accepted_tokens)
     scale = resolve_scale(scale, p.dim)
     check_stages(stages)
     runtime.require_gpu()
@@ -235,11 +258,13 @@ def prepare_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, c
     # 3 strides of each [B, T, H, ...] array, beta's all
     layout = np.asarray(q.strides[:3] + k.strides[:3] + g.strides[:3] + v.strides[:3] + tuple(beta.strides)
                         + tuple(o_strides[:3]), dtype=np.int64).tobytes()
-    return KdaDecodeCall(p, plan, launcher, config, layout, *map(np.int32, (p.pool_rows, p.tokens, p.heads, plan.n_tiles)),
-                         p.variant.lower_bound, scale)
+    idx_stride = np.int64(state_indices.strides[0] if p.index_cols else 0)
+    return KdaDecodeCall(p, plan, launcher, config, layout, np.int32(p.pool_rows), idx_stride, np.int32(p.index_cols),
+                         *map(np.int32, (p.tokens, p.heads, plan.n_tiles)), p.variant.lower_bound, scale)
 
 
-ARGUMENTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "state_indices", "cu_seqlens", "out")
+ARGUMENTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "state_indices", "num_accepted_tokens",
+             "cu_seqlens", "out")
 REQUIRED = 5   # q .. beta; initial_state is checked by validation, with its own message
 # prepared calls by the arguments' key (CallArrays) and the settings: a repeated call is one key compare
 PREPARED = Memo(lambda arrays, settings: prepare_kda_decode(*arrays.views(), *settings))
@@ -249,7 +274,8 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
                         output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
                         use_gate_in_kernel: bool = False, use_beta_sigmoid_in_kernel: bool = False,
                         allow_neg_eigval: bool = False, lower_bound: float | None = None, state_v_first: bool = False,
-                        cu_seqlens=None, *, safe_gate: bool = False, state_indices=None, out=None, stream=None,
+                        cu_seqlens=None, *, safe_gate: bool = False, state_indices=None, ssm_state_indices=None,
+                        num_accepted_tokens=None, inplace_final_state: bool = True, out=None, stream=None,
                         check_indices: bool = False, rows_per_thread: int | None = None, stages: int | None = None):
     """One or a few KDA recurrent steps per sequence, updating a pool of states in place; fla's
     `fused_recurrent_kda` arguments (gate modes, β forms and the norm flag as in `chunk_kda`).
@@ -264,14 +290,28 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
     packed (B = 1). Tokens of a sequence are applied in order, one output per token.
     Returns (o [B, T, H, V], the pool if `output_final_state` else None).
 
-    Contract: non-negative state_indices are distinct and < P; the kernel never reads or
+    Speculative decode (fla's serving forward and vLLM: `ssm_state_indices` is another name for
+    `state_indices`, `inplace_final_state` must stay True): 2-D state_indices [N, C] (C >= T, any
+    C >= 1 with cu_seqlens; last dim contiguous) store the state after token t of sequence n into
+    row [n, t] (nothing where negative; tokens past C store nothing), and the step starts from row
+    [n, num_accepted_tokens[n] - 1] (num_accepted_tokens [N] int32/int64; without it column 0).
+    A negative start row, or num_accepted_tokens outside 1..C, makes sequence n padding.
+
+    Contract: non-negative state_indices (all entries of a 2-D one) are distinct and < P; the kernel never reads or
     writes outside the pool (an index >= P is treated as padding), and `check_indices=True`
     verifies both on the host (a synchronisation, so not for CUDA-graph capture).
     `rows_per_thread` (state rows per lane group: 1, 2, 4, 8) and `stages` (ring depth in
     tiles) override the planner, for sweeps.
     """
-    arrays = CallArrays((q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, cu_seqlens, out),
-                        ARGUMENTS, REQUIRED)
+    if ssm_state_indices is not None:
+        if state_indices is not None:
+            raise ValueError("pass state_indices or ssm_state_indices (fla's name for it), not both")
+        state_indices = ssm_state_indices
+    if not inplace_final_state:
+        raise ValueError("inplace_final_state=False is not supported: fused_recurrent_kda updates the pool "
+                         "initial_state in place")
+    arrays = CallArrays((q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, num_accepted_tokens,
+                         cu_seqlens, out), ARGUMENTS, REQUIRED)
     settings = (scale, (use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
                         safe_gate, lower_bound), state_v_first, rows_per_thread, stages)   # flags: KdaFlags' fields
     call = PREPARED.get((arrays.key, settings), arrays, settings)
@@ -279,9 +319,10 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
         import cupy
         check_state_indices(cupy.asnumpy(cupy.from_dlpack(state_indices)), call.problem.pool_rows)
     strm = arrays.stream(stream)
-    q_p, k_p, v_p, g_p, beta_p, a_p, dt_p, state_p, idx_p, cu_p, o_p = arrays.ptrs   # 0 for None
+    q_p, k_p, v_p, g_p, beta_p, a_p, dt_p, state_p, idx_p, acc_p, cu_p, o_p = arrays.ptrs   # 0 for None
     if out is None:   # o has v's shape and dtype
         out, o_p = arrays.new_contiguous_like(2)
     call.launcher(call.config, (q_p, k_p, g_p, v_p, beta_p, call.layout, a_p, dt_p, state_p, call.pool_rows, idx_p,
-                                cu_p, call.tokens, call.heads, call.n_tiles, o_p, call.lower_bound, call.scale), strm)
+                                call.idx_stride, call.idx_cols, acc_p, cu_p, call.tokens, call.heads, call.n_tiles, o_p,
+                                call.lower_bound, call.scale), strm)
     return arrays.result(out), (initial_state if output_final_state else None)
