@@ -23,12 +23,20 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
                  for s in (17, 1000, 8192) for hq, hkv in ((32, 8), (8, 8), (8, 1))]
     for p in problems:
         yield decode_spec(p, plan_decode(p, H200_SMS, H200_SMEM_PER_SM), arch)
+    # paged caches (pykda.BatchDecodeWithPagedKVCache): every page size, head dim and dtype at a
+    # test shape, and the bench's batches
+    from .ops.paged_decode import PAGE_SIZES
+    paged = [DecodeProblem(1000, 32, 8, d, dt, 8) for d in HEAD_DIMS for dt in DTYPES]
+    paged += [DecodeProblem(s, 32, 8, 128, "bfloat16", b) for b, s in ((64, 4096), (256, 1024), (8, 32768))]
+    for p in paged:
+        for page in PAGE_SIZES:
+            yield decode_spec(p, plan_decode(p, H200_SMS, H200_SMEM_PER_SM), arch, page)
 
 
 def kda_decode_specs(arch: str) -> Iterator[KernelSpec]:
     from .ops.kda import HEAD_DIMS
     from .ops.kda_decode import (INDEX_CTYPES, STATE_CTYPES, KdaDecodeProblem, default_stages, kda_decode_spec,
-                                 tile_rows)
+                                 plan_kda_decode, tile_rows)
     from .ops.kda_variant import BETAS, GATES, KdaVariant
     safe = KdaVariant("safe", "logit", True, "bfloat16", "bfloat16", -5.0)
     softplus = KdaVariant("softplus", "logit", True, "bfloat16", "bfloat16", 0.0)
@@ -43,6 +51,14 @@ def kda_decode_specs(arch: str) -> Iterator[KernelSpec]:
                             yield kda_decode_spec(p, rpt, default_stages(p, rpt, H200_SMEM_PER_SM), arch)
                 packed = KdaDecodeProblem(1, 6, 32, dim, 3, 4, state, "int32", "int64", variant)
                 yield kda_decode_spec(packed, 1, default_stages(packed, 1, H200_SMEM_PER_SM), arch)
+                # speculative decode (2-D state_indices, num_accepted_tokens): the planner's tiles at
+                # B 64 H 32, T 4 in every mode, T 2 and 8 in vLLM's; packed as vLLM calls it
+                for t in (2, 4, 8) if variant is vllm else (4,):
+                    spec = KdaDecodeProblem(64, t, 32, dim, 64, 64, state, "int32", "int32", variant, t, "int32")
+                    plan = plan_kda_decode(spec, H200_SMS, H200_SMEM_PER_SM)
+                    yield kda_decode_spec(spec, plan.rpt, plan.stages, arch)
+                spec = KdaDecodeProblem(1, 12, 32, dim, 3, 4, state, "int64", "int32", variant, 4, "int64")
+                yield kda_decode_spec(spec, 1, default_stages(spec, 1, H200_SMEM_PER_SM), arch)
         for gate in GATES:   # every gate mode, β form and dtype pair at the test shape
             for beta in BETAS:
                 for gd in ("bfloat16", "float32"):
@@ -84,6 +100,11 @@ def kda_specs(arch: str) -> Iterator[KernelSpec]:
                 for seg in (0, 4):
                     p = problem(1, 4096, 8, d, 1, c)
                     yield from specs_of(p, plan_kda(p, H200_SMS, warps=w, segment_chunks=seg), arch)
+    # a rank's slice (pykda.distributed): the test shapes and the context-parallel bench's
+    slices = [problem(b, t, h, d, b, c) for d in HEAD_DIMS for c in CHUNK_SIZES for b, t, h in ((2, 1000, 2), (1, 4096, 8))]
+    slices += [problem(1, t, h, 128, 1, 16) for t in (262144, 524288) for h in (8, 32)]
+    for p in slices:
+        yield from specs_of(p, plan_kda(p, H200_SMS, rank=True), arch)
 
 
 FAMILIES: dict[str, Callable[[str], Iterator[KernelSpec]]] = {

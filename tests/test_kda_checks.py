@@ -625,6 +625,59 @@ def test_segmented_launch_sequence_offline(offline, varlen):
     assert pass1[4] == pass2[4] and scan[4][:3] == (WORKSPACE + records, seg, 0)
 
 
+@pytest.mark.parametrize("T, seg, nseg", [(1000, 5, 13), (1000, None, 1), (0, None, 1)])
+def test_rank_slice_launch_sequence_offline(offline, T, seg, nseg):
+    """A rank's slice: pass 1 maps every segment (RANK), the scan joins them into the slice's map,
+    start_of turns it into the start state (before the last two launches), the scan of the starts
+    and pass 2 follow; without segments the slice is one segment."""
+    from pykda.ops.kda import chunk_kda_slice
+    B, H, K = 2, 2, 128
+    a = good(B=B, T=T, H=H, K=K)
+    seen = []
+
+    def start_of(total):
+        seen.append((tuple(total.shape), total.dtype, [e[0] for e in offline]))
+        return arr((B, H, K, K), "float32", ptr=BASE * 3)
+    o, fs = chunk_kda_slice(a["q"], a["k"], a["v"], a["g"], a["beta"], start_of, A_log=a["A_log"],
+                            dt_bias=a["dt_bias"], **SAFE_GATE_FLAGS._asdict(), output_final_state=True,
+                            segment_chunks=seg, warps=4)
+    names = [e[0] for e in offline]
+    prep = ["kda_prepare"] if T else []
+    assert names == prep + ["kda_recurrence", "kda_segment_scan", "kda_segment_scan", "kda_recurrence"]
+    assert seen == [((B, H, 2 * K, K), "float32", prep + ["kda_recurrence", "kda_segment_scan"])]
+    pass1, total, starts, pass2 = offline[-4:]
+    assert [e[5].param_dict.get("RANK") for e in (pass1, pass2)] == [True, True]
+    assert [e[5].param_dict["MODE"] for e in (total, starts)] == ["rank_total", "rank_starts"]
+    assert pass1[1] == (4, H, B * nseg) and pass2[1] == (2, H, B * nseg)   # a map slot per segment
+    assert total[1] == (2 * K // 16 * B, H, 1) and starts[1] == (K // 16 * B, H, 1)
+    assert total[4][-1] == BASE * 2 and starts[4][-1] == BASE * 3   # the slice's map, then its start
+    assert tuple(o.shape) == (B, T, H, K) and tuple(fs.shape) == (B, H, K, K)
+
+
+@pytest.mark.parametrize("bad, exc, message", [
+    (lambda B, H, K: arr((B, H, K, K), "bfloat16"), TypeError, "start_of's result must have dtype float32"),
+    (lambda B, H, K: arr((B, H, 2 * K, K), "float32"), ValueError, "start_of's result must have shape"),
+    (lambda B, H, K: arr((B, H, K, K), "float32", strides=(H * K * K, K * K, 1, K)), ValueError,
+     "start_of's result must be contiguous"),
+    (lambda B, H, K: arr((B, H, K, K), "float32", device=1), ValueError, "on q's device"),
+])
+def test_rank_slice_names_a_bad_start(offline, bad, exc, message):
+    from pykda.ops.kda import chunk_kda_slice
+    a = good(B=1, T=100, H=2, K=64)
+    with pytest.raises(exc, match=message):
+        chunk_kda_slice(a["q"], a["k"], a["v"], a["g"], a["beta"], lambda total: bad(1, 2, 64), A_log=a["A_log"],
+                        dt_bias=a["dt_bias"], **SAFE_GATE_FLAGS._asdict())
+
+
+def test_rank_slice_refuses_varlen():
+    from pykda.ops.kda import prepare_chunk_kda
+    a = good(B=1, T=100, H=2, K=64)
+    a["cu_seqlens"] = arr((3,), "int32")
+    with pytest.raises(ValueError, match="fixed-length sequences"):
+        prepare_chunk_kda(*(a[n] for n in ARGS[:13]), None, tuple(SAFE_GATE_FLAGS), True, 16, None, None, None,
+                          None, False, rank=True)
+
+
 def _prepare_args(entry):
     """kda_prepare's A_log and dt_bias pointers and its lower_bound (after q, k, g, beta's
     pointer and 3 strides each)."""

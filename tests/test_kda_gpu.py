@@ -284,6 +284,14 @@ def test_variants_match_reference(variant, C, K, state):
     assert rel(o, o_ref) <= TOL and rel(fs, s_ref) <= TOL, (rel(o, o_ref), rel(fs, s_ref))
 
 
+def long_memory(x):
+    """Inputs whose state remembers across slices (so that a wrong start shows): small β (logits
+    − 4) and decays of about 1 on half the key dims (dt_bias −20: softplus ≈ 2e-9)."""
+    x["beta"] = (x["beta"].float() - 4).to(torch.bfloat16)
+    x["dt_bias"][:, ::2] = -20.0
+    return x
+
+
 def unbounded_inputs(T, H, K, seed, dt_bias_scale=3.0):
     """Kimi Linear's gate driven hard: per-token log-decays from about -1e-3 to -60, whole chunks
     whose decay is exactly 0 (softplus(1e4) · e^A_log), large dt_bias, and runs of nearly

@@ -114,6 +114,15 @@ def test_racecheck_hazard_in_another_kernel_fails():
     assert "kernels: decode_partial (1)" in line and KNOWN_TEXT in line and "FAIL" in line
 
 
+def test_reports_after_pytest_progress_marks_are_read():
+    """pytest -q prints its progress marks without a newline, so a report can start mid-line."""
+    other = ("....========= Error: Race reported between Write access at decode_partial+0x450\n"
+             "=========     and Read access at decode_partial+0x5a0 [32 hazards]\n=========\n")
+    r = sanitize.analyse("racecheck", racecheck_log(RACE_KDA.replace("========= Error", "..========= Error", 1) + other, 3), rc=0)
+    assert r.problems == ["1 report not known"] and r.kernels == {"decode_partial": 1}
+    assert sum(r.known.values()) == 2
+
+
 def test_racecheck_write_write_race_in_kda_recurrence_is_not_the_blind_spot():
     waw = ("========= Error: Race reported between Write access at kda_recurrence+0x900\n"
            "=========     and Write access at kda_recurrence+0x900 [124 hazards]\n=========\n")
@@ -311,8 +320,9 @@ def test_a_whole_run_against_a_fake_sanitizer(tmp_path, monkeypatch, capsys):
 def test_ids_cover_every_gpu_file_once():
     assert len(set(sanitize.TESTS)) == len(sanitize.TESTS)
     files = {t.split("::")[0] for t in sanitize.TESTS}
-    assert files == {"tests/test_decode_gpu.py", "tests/test_batch_decode_gpu.py", "tests/test_kda_gpu.py",
-                     "tests/test_kda_segments_gpu.py",
+    assert files == {"tests/test_decode_gpu.py", "tests/test_batch_decode_gpu.py", "tests/test_paged_decode_gpu.py",
+                     "tests/test_kda_gpu.py",
+                     "tests/test_kda_segments_gpu.py", "tests/test_kda_cp_gpu.py",
                      "tests/test_kda_decode_gpu.py", "tests/test_graphs_gpu.py"}
     assert all((ROOT / f).is_file() for f in files)
 

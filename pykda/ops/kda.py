@@ -19,6 +19,11 @@ Every kernel finds its sequence, chunk records and segments from cu_seqlens on t
 so no host synchronisation happens and a call can be captured in a CUDA graph; the grids are
 sized by upper bounds and their spare CTAs exit.
 
+`chunk_kda_slice` runs one rank's slice of longer sequences (context parallelism; the exchange
+between ranks is pykda.distributed's): pass 1 maps every segment, the scan joins them into the
+slice's map [B; M], a callback turns that into the slice's true start state, and the scan and
+pass 2 finish from there.
+
 cu_seqlens contract (its values live on the device and are never read by the host, so they are
 not checked — only dtype, rank, contiguity and B = 1 are): non-decreasing values within [0, T].
 fla's convention (start at 0, end at T) is the usual case; gaps at either end are allowed and
@@ -36,7 +41,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import runtime
-from ..runtime.arrays import CallArrays, DeviceArray, contiguous_strides
+from ..runtime.arrays import CallArrays, DeviceArray, as_device_array, contiguous_strides
 from .checks import (Memo, check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim, check_same_device, check_shape, check_stages, resolve_scale)
 from .kda_variant import KdaFlags, KdaVariant, resolve_variant
 
@@ -129,6 +134,7 @@ class KdaPlan:
     prep_smem: int
     rec_smem: int
     segments: KdaSegments = NO_SEGMENTS
+    rank: bool = False    # a rank's slice (chunk_kda_slice)
 
     @property
     def v_split(self) -> int:
@@ -142,8 +148,8 @@ def chunk_bound(p: "KdaProblem") -> int:
     return cps + p.n_seq if p.varlen else p.batch * cps
 
 
-def plan_segments(p: "KdaProblem", sm_count: int, segment_chunks: int | None, longest: int | None = None
-                  ) -> KdaSegments:
+def plan_segments(p: "KdaProblem", sm_count: int, segment_chunks: int | None, longest: int | None = None,
+                  rank: bool = False) -> KdaSegments:
     """Segments where the chain of chunks dominates (segment_chunks None), none (0), or of
     `segment_chunks` chunks for every sequence longer than that. A chain dominates when it is
     longer than one SM's share of the call's chunk·heads. With fixed lengths that is the case of
@@ -152,7 +158,8 @@ def plan_segments(p: "KdaProblem", sm_count: int, segment_chunks: int | None, lo
     lengths stay on the device (the grids are sized by upper bounds, their spare CTAs exit): the
     sequences longer than a share split into thirds of a share, finely enough for the short ones'
     work to fill in beside them; the others stay whole. `longest` (chunks; from cu_seqlens_cpu,
-    rounded up) lets the host skip segments where no sequence is that long."""
+    rounded up) lets the host skip segments where no sequence is that long. A rank's slice (fixed
+    lengths) always has segments, one at least, each with a map slot (kda_recurrence's RANK)."""
     cps = -(-p.seq_len // p.chunk)
     split_above = 0
     if segment_chunks is None:
@@ -166,6 +173,10 @@ def plan_segments(p: "KdaProblem", sm_count: int, segment_chunks: int | None, lo
             segment_chunks = 0
         if min(cps, cps if longest is None else longest) <= max(split_above, 2 * segment_chunks - 1):
             segment_chunks = 0   # no sequence is long enough
+    if rank:
+        segment_chunks = segment_chunks or max(cps, 1)
+        per = max(1, -(-cps // segment_chunks))
+        return KdaSegments(segment_chunks, 0, p.batch * per, p.batch * per, p.batch)
     if segment_chunks == 0 or p.n_seq == 0:
         return NO_SEGMENTS
     if p.varlen:   # kda_chunk.cuh: map slots from floor(base(n) / seg), segments from there + n
@@ -177,7 +188,7 @@ def plan_segments(p: "KdaProblem", sm_count: int, segment_chunks: int | None, lo
 
 
 def plan_kda(p: KdaProblem, sm_count: int, warps: int | None = None, stages: int | None = None,
-             segment_chunks: int | None = None, longest: int | None = None) -> KdaPlan:
+             segment_chunks: int | None = None, longest: int | None = None, rank: bool = False) -> KdaPlan:
     """Segments (plan_segments); then split V across CTAs until sequences (or segments) x heads x
     splits covers ~all SMs (90%; 16 rows minimum)."""
     K, C = p.head_dim, p.chunk
@@ -185,7 +196,7 @@ def plan_kda(p: KdaProblem, sm_count: int, warps: int | None = None, stages: int
         if isinstance(segment_chunks, bool) or not isinstance(segment_chunks, (int, np.integer)) or segment_chunks < 0:
             raise ValueError(f"segment_chunks must be a non-negative int (0: no segments); got {segment_chunks!r}")
         segment_chunks = int(segment_chunks)
-    segments = plan_segments(p, sm_count, segment_chunks, longest)
+    segments = plan_segments(p, sm_count, segment_chunks, longest, rank)
     if warps is None:
         options = [w for w in (8, 4, 2, 1) if 16 * w <= K]
         chains = segments.slots if segments.chunks else p.n_seq
@@ -195,11 +206,13 @@ def plan_kda(p: KdaProblem, sm_count: int, warps: int | None = None, stages: int
     stages = stages or DEFAULT_STAGES[C]
     return KdaPlan(warps=warps, stages=stages, chunk_slots=chunk_bound(p),
                    prep_smem=_above_static_margin(prepare_smem_bytes(K, C, bounded_gate(p))),
-                   rec_smem=_above_static_margin(recurrence_smem_bytes(K, C, warps, stages)), segments=segments)
+                   rec_smem=_above_static_margin(recurrence_smem_bytes(K, C, warps, stages)), segments=segments,
+                   rank=rank)
 
 
 def kda_specs(p: KdaProblem, plan: KdaPlan, arch: str, split_s: bool | None = None) -> tuple[runtime.KernelSpec, ...]:
-    """(prepare, recurrence), then with segments (pass 1, scan)."""
+    """(prepare, recurrence), then with segments (pass 1, scan of the starts), and for a rank's
+    slice (pass 1, scan of the slice's map, scan of the starts)."""
     split_s = SPLIT_S if split_s is None else split_s
     prep = runtime.KernelSpec.make("kda_prepare", {"K": p.head_dim, "C": p.chunk, "GROWTH_LIMIT": GROWTH_LIMIT,
                                                    "BOUNDED": bounded_gate(p), **p.variant.template_params()},
@@ -208,12 +221,17 @@ def kda_specs(p: KdaProblem, plan: KdaPlan, arch: str, split_s: bool | None = No
     def recurrence(map_pass: bool) -> runtime.KernelSpec:
         return runtime.KernelSpec.make("kda_recurrence", {"K": p.head_dim, "C": p.chunk, "WARPS": plan.warps,
                                                           "STAGES": plan.stages, "SPLIT_S": bool(split_s),
-                                                          "VFIRST": p.v_first, "MAP": map_pass},
+                                                          "VFIRST": p.v_first, "MAP": map_pass, "RANK": plan.rank},
                                        arch, kernels=("kda_recurrence",))
+
+    def scan(mode: str) -> runtime.KernelSpec:
+        return runtime.KernelSpec.make("kda_scan", {"K": p.head_dim, "C": p.chunk, "MODE": mode}, arch,
+                                       kernels=("kda_segment_scan",))
+    if plan.rank:
+        return prep, recurrence(False), recurrence(True), scan("rank_total"), scan("rank_starts")
     if not plan.segments.chunks:
         return prep, recurrence(False)
-    scan = runtime.KernelSpec.make("kda_scan", {"K": p.head_dim, "C": p.chunk}, arch, kernels=("kda_segment_scan",))
-    return prep, recurrence(False), recurrence(True), scan
+    return prep, recurrence(False), recurrence(True), scan("starts")
 
 
 def check_kda_inputs(q: DeviceArray, k: DeviceArray, v: DeviceArray, g: DeviceArray,
@@ -331,7 +349,7 @@ I32, I64, F32 = np.int32, np.int64, np.float32
 PREPARE_SIGNATURE = (int, I64, I64, I64) * 4 + (int, int, int, I32, I32, I32, F32, F32, int)
 RECURRENCE_SIGNATURE = (128, int, int, I32, I32, I32, int, I64, I64, I64, int, int, I32, int, I32, I32, int, I32, I32,
                         int)
-SCAN_SIGNATURE = (int, I32, I32, int, I32, I32, I32)
+SCAN_SIGNATURE = (int, I32, I32, int, I32, I32, I32, int)
 
 
 class KdaLaunch(NamedTuple):
@@ -357,8 +375,9 @@ class KdaCall(NamedTuple):
     problem: KdaProblem
     plan: KdaPlan
     prepare: KdaLaunch | None        # None without chunks
-    map_pass: KdaLaunch | None       # segments: pass 1, then the scan
+    map_pass: KdaLaunch | None       # segments: pass 1, then the scan of the starts
     scan: KdaLaunch | None
+    total_scan: KdaLaunch | None     # a rank's slice: the scan of its map, between pass 1 and `scan`
     recurrence: KdaLaunch
     v_maps: runtime.TiledMaps | None   # None without tokens or sequences (the map is then never read)
     in_strides: tuple                # q, k, g, beta: 3 element strides each (np.int64)
@@ -378,17 +397,20 @@ def _workspace_layout(p: KdaProblem, plan: KdaPlan) -> tuple[int, int]:
 
 def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state, cu_seqlens,
                       out, final_state, scale, flags, state_v_first, chunk_size, warps, stages, segment_chunks,
-                      longest, output_final_state) -> KdaCall:
+                      longest, output_final_state, rank=False) -> KdaCall:
     """Validate a call, plan it and make everything its launches need but the pointers, the
     workspace and the stream (kernels compiled on first use). `flags`: KdaFlags or a tuple of its
-    fields (the hot path's key holds a plain tuple)."""
+    fields (the hot path's key holds a plain tuple). `rank`: a rank's slice (chunk_kda_slice)."""
     p = validate_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state, cu_seqlens,
                      out, final_state, KdaFlags(*flags), bool(state_v_first), chunk_size)
+    if rank and (p.varlen or initial_state is not None):
+        raise ValueError("a rank's slice takes fixed-length sequences (no cu_seqlens) and its start state from "
+                         "start_of (no initial_state)")
     scale = resolve_scale(scale, p.head_dim)
     check_stages(stages)
     runtime.require_gpu()
     dev = runtime.device_info(q.device)
-    plan = plan_kda(p, dev.sm_count, warps, stages, segment_chunks, longest)
+    plan = plan_kda(p, dev.sm_count, warps, stages, segment_chunks, longest, rank)
     smem = max(plan.rec_smem, plan.prep_smem, scan_smem_bytes(p.head_dim) if plan.segments.chunks else 0)
     if smem > dev.smem_per_block_optin:
         raise ValueError(f"the plan needs {smem} bytes of shared memory per block; the device allows "
@@ -399,15 +421,18 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
     rec_threads = (plan.warps + 1) * 32
     rows = K // plan.v_split
     launch = functools.partial(_launch_of, device=q.device)
-    prepare = map_pass = scan = None
+    prepare = map_pass = scan = total_scan = None
     if plan.chunk_slots > 0 and T > 0:
         prepare = launch(specs[0], name="kda_prepare", sig=PREPARE_SIGNATURE, grid=(plan.chunk_slots, H, 1),
                          threads=PREP_THREADS, smem=plan.prep_smem)
     if seg.chunks and seg.map_slots:
         map_pass = launch(specs[2], name="kda_recurrence", sig=RECURRENCE_SIGNATURE,
                           grid=_slot_major(2 * rows, H, seg.map_slots), threads=rec_threads, smem=plan.rec_smem)
-        scan = launch(specs[3], name="kda_segment_scan", sig=SCAN_SIGNATURE, grid=(K // 16 * seg.scan_candidates, H, 1),
+        scan = launch(specs[-1], name="kda_segment_scan", sig=SCAN_SIGNATURE, grid=(K // 16 * seg.scan_candidates, H, 1),
                       threads=2 * K, smem=scan_smem_bytes(K))
+        if rank:   # [B; M] rows
+            total_scan = launch(specs[3], name="kda_segment_scan", sig=SCAN_SIGNATURE,
+                                grid=(2 * K // 16 * seg.scan_candidates, H, 1), threads=2 * K, smem=scan_smem_bytes(K))
     slots = seg.slots if seg.chunks else N
     recurrence = launch(specs[1], name="kda_recurrence", sig=RECURRENCE_SIGNATURE, grid=_slot_major(rows, H, slots),
                         threads=rec_threads, smem=plan.rec_smem)
@@ -422,7 +447,7 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
     scalars = (I32(cu_seqlens is not None and cu_seqlens.dtype == "int64"), I32(N), I32(T),
                F32(p.variant.lower_bound), F32(scale), I32(p.state_dtype == "bfloat16"),
                I32(pooled and state_indices.dtype == "int64"), I32(p.pool_rows), I32(seg.chunks), I32(seg.split_above))
-    return KdaCall(p, plan, prepare, map_pass, scan, recurrence, v_maps, in_strides, o_strides, scalars,
+    return KdaCall(p, plan, prepare, map_pass, scan, total_scan, recurrence, v_maps, in_strides, o_strides, scalars,
                    pooled, want_final and final_state is None and not pooled,
                    want_final and (output_final_state or not pooled), _workspace_layout(p, plan))
 
@@ -508,6 +533,12 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
                         safe_gate, lower_bound),   # KdaFlags' fields
                 state_v_first, chunk_size, warps, stages, segment_chunks, longest, output_final_state)
     call = PREPARED.get((arrays.key, settings), arrays, settings)
+    return _run(call, arrays, q, stream, out, initial_state, final_state)
+
+
+def _run(call: KdaCall, arrays: CallArrays, q, stream, out, initial_state, final_state, start_of=None):
+    """The launches of a prepared call: prepare, then (segments) pass 1 and the scans, then the
+    recurrence. A rank's slice asks `start_of` for its start state between its two scans."""
     p = call.problem
     q_p, k_p, v_p, g_p, b_p, a_p, dt_p, s0_p, idx_p, hi_p, cu_p, o_p, fs_p = arrays.ptrs   # 0 for None
     if out is None:
@@ -532,8 +563,53 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
                                                     cu_p, cu_is64, n_seq, T, lower_bound, scale, records), strm)
     rec_args = (call.v_maps(v_p) if call.v_maps else bytes(128), records, cu_p, cu_is64, T, n_seq, o_p,
                 *call.o_strides, s0_p, fs_p, state_bf16, idx_p, idx_is64, pool_rows, hi_p, seg_chunks, split_above, maps)
-    if call.map_pass:   # segments: pass 1, the scan
+    scan_args = (maps, seg_chunks, split_above, cu_p, cu_is64, T, n_seq)
+    if call.map_pass:   # segments: pass 1, the scan(s)
         call.map_pass.launcher(call.map_pass.config, rec_args, strm)
-        call.scan.launcher(call.scan.config, (maps, seg_chunks, split_above, cu_p, cu_is64, T, n_seq), strm)
+        start = start_p = 0   # (start: held to the last launch)
+        if call.total_scan:   # a rank's slice: its map, then its start state from the caller
+            total, total_p = arrays.new_empty(0, (p.n_seq, p.heads, 2 * p.head_dim, p.head_dim), "float32")
+            call.total_scan.launcher(call.total_scan.config, (*scan_args, total_p), strm)
+            start = start_of(arrays.result(total))
+            start_p = _start_pointer(start, p, arrays.views()[0].device)
+        call.scan.launcher(call.scan.config, (*scan_args, start_p), strm)
     call.recurrence.launcher(call.recurrence.config, rec_args, strm)
     return arrays.result(out), returned
+
+
+def _start_pointer(start, p: KdaProblem, device: int) -> int:
+    """The device pointer of a slice's start state, as start_of must return it."""
+    name = "start_of's result"
+    s = as_device_array(start, name)
+    check_dtype(s, name, ("float32",))
+    check_shape(s, name, (p.n_seq, p.heads, p.head_dim, p.head_dim), "[B, H, V, K]")
+    check_contiguous(s, name)
+    if s.device != device:
+        raise ValueError(f"{name} must be on q's device ({device}); got device {s.device}")
+    return s.ptr
+
+
+def chunk_kda_slice(q, k, v, g, beta, start_of, scale: float | None = None, output_final_state: bool = False,
+                    use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
+                    use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False, safe_gate: bool = False,
+                    lower_bound: float | None = None, state_v_first: bool = False, *, A_log=None, dt_bias=None,
+                    out=None, final_state=None, chunk_size: int = 16, stream=None, warps: int | None = None,
+                    stages: int | None = None, segment_chunks: int | None = None):
+    """One rank's slice of B longer sequences (context parallelism), with chunk_kda's arguments
+    (no cu_seqlens, initial_state or pool: the slice's start state comes from `start_of`).
+
+    The tokens [B, T, H, .] are a contiguous slice of each sequence. Once the slice's map is known
+    (it does not depend on the start state), `start_of(total)` is called with it: total [B, H, 2V, K]
+    fp32 in q's framework, rows [0, V) the state the slice reaches from zero (B) and rows [V, 2V)
+    its transition (M), so that the slice ends in S·M + B from a start S ([V, K] rows). It must
+    return the slice's true start state, [B, H, V, K] fp32 contiguous on q's device (V-first,
+    whatever `state_v_first` says of final_state), ready in stream order. Then the slice runs
+    from it: returns (o, final_state or None) as chunk_kda does.
+    """
+    arrays = CallArrays((q, k, v, g, beta, A_log, dt_bias, None, None, None, None, out, final_state), ARGUMENTS,
+                        REQUIRED)
+    settings = (scale, (use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                        safe_gate, lower_bound),
+                state_v_first, chunk_size, warps, stages, segment_chunks, None, output_final_state, True)
+    call = PREPARED.get((arrays.key, settings), arrays, settings)
+    return _run(call, arrays, q, stream, out, None, final_state, start_of)

@@ -96,7 +96,8 @@ PYKDA_DEVICE int kda_sequence_of_slot(long long x, const void* cu, int cu_is64, 
 // from n·(per − 1). Varlen: segments numbered from sbase(n) = floor(base(n) / seg) + n and map slots
 // from mbase(n) = floor(base(n) / seg); these grow by at least nseg_n and nseg_n − 1 from one
 // sequence to the next (as base does by chunks_n) and stay below ceil((ceil(T / C) + N) / seg) + N
-// and ceil((ceil(T / C) + N) / seg).
+// and ceil((ceil(T / C) + N) / seg). A rank's slice (kda_recurrence's RANK, fixed length) has a
+// map slot for every segment, numbered as the segments.
 struct KdaSegments {
   int nseg;             // the sequence's segments
   long long first;      // its first segment
