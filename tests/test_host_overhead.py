@@ -115,9 +115,13 @@ def stubbed_gpu(twin: types.ModuleType, launcher_type=launch.Launcher):
                 delattr(obj, name)
 
 
+SCALE = 1.0   # of the timed loops' lengths (the test that runs measure() shrinks it)
+
+
 def _per_call_us(fn, number=2000, repeat=7) -> float:
     fn()
-    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
+    number = max(1, int(number * SCALE))
+    return min(timeit.repeat(fn, number=number, repeat=max(1, int(repeat * SCALE)))) / number * 1e6
 
 
 def measure() -> dict[str, float]:
@@ -156,7 +160,7 @@ def measure() -> dict[str, float]:
             f = device_array
             return (f((batch, 1, H, D)), f((batch, 1, H, D)), f((batch, 1, H, D)), f((batch, 1, H, D)),
                     f((batch, 1, H)), f((H,), "float32"), f((H * D,), "float32"), f((2 * batch, H, D, D), "float32"),
-                    f((batch,), "int32"), None, None)
+                    f((batch,), "int32"), None, None, None)
         names, settings = kda_decode.ARGUMENTS, (None, SAFE_GATE_FLAGS, True, None, None)
 
         def prepare(arrays):
@@ -169,7 +173,7 @@ def measure() -> dict[str, float]:
             lambda: (prepare(other[0]), prepare(other[1])), number=1000) / 2
         res["CallArrays of the call's 11 arguments"] = _per_call_us(
             lambda: twin.CallArrays((x["q"], x["k"], x["v"], x["g"], x["beta"], x["A_log"], x["dt_bias"], pool, idx,
-                                     None, None), names, kda_decode.REQUIRED))
+                                     None, None, None), names, kda_decode.REQUIRED))
         call = lambda: kda_decode.fused_recurrent_kda(**x, **FLAGS, initial_state=pool, state_indices=idx)  # noqa: E731
         res["fused_recurrent_kda (stubbed GPU)"] = _per_call_us(call)
         call_out = lambda: kda_decode.fused_recurrent_kda(**x, **FLAGS, initial_state=pool, state_indices=idx,  # noqa: E731
@@ -274,6 +278,13 @@ def test_stubbed_chunk_kda_runs_every_launch():
         assert len(kda.PREPARED.results) == 1
     assert set(kernels) == {"kda_prepare", "kda_recurrence"}   # too short for segments
     assert [launch.signature(a) for a in _SpyLauncher.calls] == [kda.PREPARE_SIGNATURE, kda.RECURRENCE_SIGNATURE] * 2
+
+
+def test_the_measurement_script_runs(monkeypatch):
+    """`python tests/test_host_overhead.py` (shortened): every piece times a call that works."""
+    monkeypatch.setattr(sys.modules[__name__], "SCALE", 0.01)
+    res = measure()
+    assert all(v > 0 for v in res.values()) and any(k.startswith("chunk_kda") for k in res)
 
 
 def test_measure_runs():
