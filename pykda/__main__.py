@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kda-decode: comma list of state rows per lane group (1, 2, 4, 8) to sweep")
     b.add_argument("--stages", default=None, help="decode, kda-decode: comma list of pipeline depths to sweep")
     b.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
+    b.add_argument("--grid", action="store_true",
+                   help="decode: issue 13's grid of 40 shapes (head ratios, D 64/128/256, lengths 1..1M, uneven "
+                        "batches) with a summary line: pykda against the best peer, worst and median")
     b.add_argument("--shapes", default=None,
                    help="decode, kda, paged-decode: shapes to run instead of the bench's own. decode: HQ/HKV:KV_LEN or "
                         "BATCHxHQ/HKV:KV_LEN (the padded-batch op), e.g. 32/8:100000,8x32/8:32768; paged-decode: BATCHxHQ/HKV:KV_LEN; kda: "

@@ -253,16 +253,25 @@ def test_kda_decode_sweep_rows_and_plot(fake_fla, bench_main, monkeypatch, tmp_p
     assert "rpt" in out and "auto" in out
 
 
+def _reference_of(q, k_nhd, v_nhd, lens=None):
+    """float64 outputs [B, Hq, D] of NHD buffers, sequence b over its first lens[b] rows."""
+    import numpy as np
+    lens = [k_nhd.shape[1]] * q.shape[0] if lens is None else lens
+    return np.concatenate([reference.batch_decode_attention(q[b:b + 1].double().numpy(),
+                                                            k_nhd[b:b + 1, :n].double().numpy(),
+                                                            v_nhd[b:b + 1, :n].double().numpy())[0]
+                           for b, n in enumerate(lens)])
+
+
 def _flash_decode_stub(calls):
-    """flash_decode as the float64 reference, on either layout, single or batched."""
-    def flash_decode(q, k, v, batched, kv_layout, chunk_size=None, stages=None):
+    """flash_decode as the float64 reference, on either layout, single or batched, kv_lens read."""
+    def flash_decode(q, k, v, batched, kv_layout, kv_lens=None, chunk_size=None, stages=None):
         calls.append((chunk_size, stages, kv_layout))
         if not batched:
             q, k, v = q[None], k[None], v[None]
         if kv_layout == "HND":
             k, v = k.transpose(1, 2), v.transpose(1, 2)
-        o, _ = reference.batch_decode_attention(q.double().numpy(), k.double().numpy(), v.double().numpy())
-        o = torch.from_numpy(o).to(torch.bfloat16)
+        o = torch.from_numpy(_reference_of(q, k, v, None if kv_lens is None else kv_lens.tolist())).to(torch.bfloat16)
         return o if batched else o[0]
     return flash_decode
 
@@ -275,11 +284,11 @@ def decode_on_cpu(monkeypatch):
     calls = []
     monkeypatch.setattr(decode, "D", 8)
     monkeypatch.setattr(decode, "flash_decode", _flash_decode_stub(calls))
-    monkeypatch.setattr(decode, "_reference", lambda q, k, v: reference.batch_decode_attention(
-        q.double().numpy(), k.double().numpy(), v.double().numpy())[0])
+    monkeypatch.setattr(decode, "_reference", _reference_of)
     monkeypatch.setattr(decode, "_sdpa_peer", lambda backend, q, k_hnd, v_hnd: (
         lambda: None, _flash_decode_stub([])(q, k_hnd, v_hnd, True, "HND")))
     monkeypatch.setattr(decode, "_compile_peer", lambda q, k, v: (None, "n/a"))
+    monkeypatch.setattr(decode, "_flashinfer_peers", lambda q, k_hnd, v_hnd, lens, batched: {})
     monkeypatch.setattr(decode.timing, "start", lambda flush="read": (_Timer(), 4.0))
     real_randn = torch.randn
     monkeypatch.setattr(torch, "randn", lambda *s, generator=None, device=None: real_randn(*s, generator=generator))
@@ -308,3 +317,102 @@ def test_decode_sweep_rows_and_plot(decode_on_cpu, bench_main, tmp_path, capsys,
         assert (tmp_path / "sweep.png").read_bytes()[:8] == PNG
     else:
         assert all(r["peers"] == {} for r in rows) and "cudnn us" not in out, "without --plot: as before"
+
+
+@needs_torch
+def test_decode_grid_rows_peers_and_summary(decode_on_cpu, bench_main, monkeypatch, capsys):
+    """--grid: its shapes (D per shape, uneven batches with kv_lens), SDPA only where every
+    sequence has the full length, FlashInfer (here a stand-in that reads each sequence's
+    length) everywhere, the copy of the same bytes on the large rows, and the summary line."""
+    from pykda.bench import decode
+    monkeypatch.setattr(decode, "GRID", [(1, 4, 2, 8, 16, False), (3, 4, 1, 16, 24, True)])
+    monkeypatch.setattr(decode, "GRID_COPY_BYTES", 1000)
+    seen = []
+
+    def fake_fi(q, k_hnd, v_hnd, lens, batched):
+        seen.append((tuple(k_hnd.shape), None if lens is None else list(lens), batched))
+        out = torch.from_numpy(_reference_of(q, k_hnd.transpose(1, 2), v_hnd.transpose(1, 2), lens))
+        return {"fi": (lambda: None, out), "fi-tc": (None, "RuntimeError")}
+    monkeypatch.setattr(decode, "_flashinfer_peers", fake_fi)
+    monkeypatch.setattr(decode, "_sdpa_peer", lambda backend, q, k_hnd, v_hnd: (
+        lambda: None, _flash_decode_stub([])(q, k_hnd, v_hnd, True, "HND")))
+    rows, out = bench_main(["bench", "decode", "--grid"], capsys)
+    assert [(r["batch"], r["D"], r["uneven"]) for r in rows] == [(1, 8, False), (3, 16, True)]
+    assert seen[0] == ((1, 2, 16, 8), None, False)
+    shape, lens, batched = seen[1]
+    assert shape == (3, 1, 24, 16) and batched and lens[0] == 24 and all(1 <= n <= 24 for n in lens)
+    assert set(rows[0]["peers"]) == {"cudnn", "flash", "compile", "fi", "fi-tc"}
+    assert set(rows[1]["peers"]) == {"fi", "fi-tc"}, "SDPA has no per-sequence lengths"
+    assert all(r["err"] < 1e-2 and r["peers"]["fi"]["err"] < 1e-2 for r in rows)
+    assert rows[1]["peers"]["fi-tc"]["us"] is None
+    assert all(r["pct_same"] == 50.0 for r in rows)   # the stand-in copy (5 µs) over pykda's 10 µs
+    assert "grid: 2 shapes; best peer µs / pykda µs: worst 1.00" in out and "median 1.00 over 2 shapes" in out
+    assert "50-50 % of a same-size copy" in out
+
+
+class _FakeFlashInfer:
+    """flashinfer's decode entry points as recorders (float64 reference outputs are not needed:
+    the benches only time them and read their outputs' errors)."""
+
+    def __init__(self):
+        self.calls = []
+        fake = self
+
+        class Wrapper:
+            def __init__(self, workspace, kv_layout, use_tensor_cores=False):
+                fake.calls.append(("wrapper", kv_layout, use_tensor_cores))
+
+            def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, **kw):
+                fake.calls.append(("plan", indptr.tolist(), indices.tolist(), last_page_len.tolist(), num_qo_heads,
+                                   num_kv_heads, head_dim, page_size, kw))
+
+            def run(self, q, kv):
+                fake.calls.append(("run", tuple(q.shape), tuple(kv[0].shape)))
+                return q
+        self.BatchDecodeWithPagedKVCacheWrapper = Wrapper
+
+    def single_decode_with_kv_cache(self, q, k, v, kv_layout="NHD", use_tensor_cores=False):
+        self.calls.append(("single", tuple(k.shape), kv_layout, use_tensor_cores))
+        return q
+
+
+@needs_torch
+def test_flashinfer_peers_read_the_same_hnd_buffers(monkeypatch):
+    """A single sequence through single_decode_with_kv_cache (HND), a batch through the paged
+    wrapper with one page of S rows per sequence and its length as the last page's; both paths."""
+    from pykda.bench import decode
+    fi = _FakeFlashInfer()
+    monkeypatch.setitem(sys.modules, "flashinfer", fi)
+    monkeypatch.setattr(torch, "zeros", lambda *a, **kw: None)   # the wrapper's workspace
+    q, k = torch.empty(1, 8, 64), torch.empty(1, 2, 100, 64)
+    peers = decode._flashinfer_peers(q, k, k, None, False)
+    assert set(peers) == {"fi", "fi-tc"} and fi.calls == [("single", (2, 100, 64), "HND", False),
+                                                         ("single", (2, 100, 64), "HND", True)]
+    fi.calls.clear()
+    q, k = torch.empty(3, 8, 64), torch.empty(3, 2, 100, 64)
+    decode._flashinfer_peers(q, k, k, [100, 7, 1], True)
+    plans = [c for c in fi.calls if c[0] == "plan"]
+    assert [c for c in fi.calls if c[0] == "wrapper"] == [("wrapper", "HND", False), ("wrapper", "HND", True)]
+    assert plans[0][1:8] == ([0, 1, 2, 3], [0, 1, 2], [100, 7, 1], 8, 2, 64, 100)
+
+
+@needs_torch
+@pytest.mark.parametrize("layout, heads_at", [("NHD", 2), ("HND", 1)])
+def test_flashinfer_paged_peer_gets_the_page_table(monkeypatch, layout, heads_at):
+    from pykda.bench import paged_decode
+    fi = _FakeFlashInfer()
+    monkeypatch.setitem(sys.modules, "flashinfer", fi)
+    monkeypatch.setattr(torch, "zeros", lambda *a, **kw: None)
+    q = torch.empty(2, 8, 64)
+    pages = torch.empty(4, 16, 2, 64) if layout == "NHD" else torch.empty(4, 2, 16, 64)
+    fn = paged_decode._flashinfer_paged(q, pages, pages, [0, 2, 4], torch.tensor([3, 1, 0, 2]), [16, 16], layout, 16)
+    assert fn is not None
+    (plan,) = [c for c in fi.calls if c[0] == "plan"]
+    assert plan[1:8] == ([0, 2, 4], [3, 1, 0, 2], [16, 16], 8, 2, 64, 16)
+    assert ("wrapper", layout, False) in fi.calls
+
+
+def test_flashinfer_paged_peer_is_absent_without_flashinfer(monkeypatch):
+    from pykda.bench import paged_decode
+    monkeypatch.setitem(sys.modules, "flashinfer", None)   # import flashinfer raises ImportError
+    assert paged_decode._flashinfer_paged(None, None, None, [0], [], [], "NHD", 16) is None

@@ -16,7 +16,7 @@ def settings(text: str | None) -> list:
 # the template parameters each bench sweeps
 SWEEPS = {"decode": ("chunk_size", "stages"), "kda": (), "kda-decode": ("rows_per_thread", "stages"), "paged-decode": ()}
 # the sweep, shape and plot options each bench takes; any other given is an error, never ignored
-OPTIONS = {"decode": SWEEPS["decode"] + ("shapes", "plot"), "kda": ("shapes",),
+OPTIONS = {"decode": SWEEPS["decode"] + ("shapes", "plot", "grid"), "kda": ("shapes",),
            "kda-decode": SWEEPS["kda-decode"] + ("plot",), "paged-decode": ("shapes",)}
 
 

@@ -2,7 +2,8 @@
 every size against `batch_decode_with_padded_kv_cache` on a contiguous cache of the same
 lengths (every request S rows, `kv_lens` given), both layouts; cold L2, CUDA events, medians.
 The error column is the paged output's relative distance from the padded one; host µs is a
-run() call's Python time with torch inputs (page 16, NHD)."""
+run() call's Python time with torch inputs (page 16, NHD). Where FlashInfer is importable, its
+`BatchDecodeWithPagedKVCacheWrapper` (CUDA-core path) runs on the same pages, in a second table."""
 from __future__ import annotations
 
 import functools
@@ -25,6 +26,24 @@ def _cases(quick: bool, shapes: str | None):
     if any(s % max(PAGE_SIZES) for *_, s in rows):
         raise ValueError(f"paged-decode --shapes: every KV_LEN must be a multiple of {max(PAGE_SIZES)}")
     return rows
+
+
+def _flashinfer_paged(q, k_pages, v_pages, indptr, indices, last, layout: str, page: int):
+    """FlashInfer's paged decode (CUDA cores) on the same page table, or None without FlashInfer
+    or where it refuses the call (the table then shows '-')."""
+    try:
+        import flashinfer
+        import torch
+        ws = torch.zeros(128 << 20, dtype=torch.uint8, device=q.device)
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, layout)
+        as_i32 = lambda x: torch.as_tensor(x, dtype=torch.int32).to(q.device)   # noqa: E731
+        w.plan(as_i32(indptr), as_i32(indices), as_i32(last), q.shape[1], k_pages.shape[2 if layout == "NHD" else 1],
+               q.shape[2], page, q_data_type=q.dtype, kv_data_type=k_pages.dtype)
+        fn = functools.partial(w.run, q, (k_pages, v_pages))
+        fn()
+        return fn
+    except Exception:   # ImportError, or a call it does not take
+        return None
 
 
 def run(args):
@@ -62,9 +81,11 @@ def run(args):
                 paged = functools.partial(dec.run, q, k_pages, v_pages)
                 row[f"err_{layout}_{page}"] = reference.relative_error(paged().float().cpu().numpy(), o_ref)
                 row[f"paged_{layout}_{page}"] = timer.median_us(paged)
+                fi = _flashinfer_paged(q, k_pages, v_pages, indptr, perm, np.full(B, page, np.int32), layout, page)
+                row[f"fi_{layout}_{page}"] = timer.median_us(fi) if fi else None
                 if layout == "NHD" and page == 16:
                     row["host_us"] = timing.host_us(paged)
-                del k_pages, v_pages, dec, paged
+                del k_pages, v_pages, dec, paged, fi
                 torch.cuda.empty_cache()
         row["tbs"] = nbytes / row["padded_HND"] / 1e6
         row["pct_copy"] = 100 * row["tbs"] / copy_tbs
@@ -89,3 +110,15 @@ def _print_table(rows):
                              for p in PAGE_SIZES)
             line += f" {max(r[f'err_{layout}_{p}'] for p in PAGE_SIZES):8.1e} {r['host_us']:7.1f}"
             print(line)
+    if not any(r.get(f"fi_{layout}_{p}") for r in rows for layout in ("NHD", "HND") for p in PAGE_SIZES):
+        return
+    print("\nFlashInfer's BatchDecodeWithPagedKVCacheWrapper (CUDA cores) on the same pages: µs "
+          "(its time / pykda's paged time in brackets, > 1: pykda ahead)")
+    print(f"{'shape':>16} {'layout':>6} " + " ".join(f"{'page ' + str(p):>15}" for p in PAGE_SIZES))
+    for r in rows:
+        for layout in ("NHD", "HND"):
+            cells = []
+            for p in PAGE_SIZES:
+                fi = r.get(f"fi_{layout}_{p}")
+                cells.append(f"{fi:7.1f} ({fi / r[f'paged_{layout}_{p}']:4.2f})" if fi else f"{'-':>15}")
+            print(f"{r['batch']:>4}x{r['hq']}/{r['hkv']}:{r['kv_len']:<6} {layout:>6} " + " ".join(cells))
