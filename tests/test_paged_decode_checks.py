@@ -264,3 +264,48 @@ def test_paged_variants_are_registered():
         for d in decode.HEAD_DIMS:
             p = decode.DecodeProblem(1000, 32, 8, d, "float16", 8)
             assert decode.decode_spec(p, decode.plan_decode(p, **H200), "sm_90a", page) in specs
+
+
+def test_block_tables_plan_reads_pages_in_place(offline):
+    """vLLM's block table: rows per request from seq_lens, request b's first page entry at
+    b · the table's row stride (a view of a wider table), no page-id copy; then one launch."""
+    B, hq, hkv, d, max_blocks = 3, 32, 8, 128, 70
+    table = arr((B, max_blocks), "int32", strides=(100, 1), ptr=INDICES)   # rows of a table of 100 entries
+    dec = pykda.BatchDecodeWithPagedKVCache("NHD")
+    dec.plan_block_tables(table, [1000, 0, 33], hq, hkv, d, 16)
+    ((tables_ptr, tables),) = offline["copies"]
+    assert tables_ptr == TABLES and tables.tolist() == [1000, 0, 33, 0, 100, 200]
+    k, v = caches(50, 16, hkv, d)
+    dec.run(arr((B, hq, d)), k, v)
+    ((name, grid, _, _, args, _),) = offline["launches"]
+    assert args[18:20] == (TABLES + 4 * B, INDICES)
+
+
+@pytest.mark.parametrize("case, exc, message", [
+    ("dtype", TypeError, "block_tables must have dtype int32; got int64"),
+    ("rank", ValueError, r"block_tables must be 2-D \[batch, max_blocks\]"),
+    ("inner", ValueError, "block_tables must be contiguous in its last dimension"),
+    ("lens_shape", ValueError, r"seq_lens must have shape \[batch\] = \(3,\); got \(2,\)"),
+    ("too_long", ValueError, r"seq_lens\[1\] = 161 must be in \[0, max_blocks · page_size = 160\]"),
+    ("negative", ValueError, r"seq_lens\[0\] = -1 must be in"),
+    ("page_size", ValueError, "page_size must be one of"),
+])
+def test_bad_block_tables_name_the_argument(offline, case, exc, message):
+    table, lens, page = arr((3, 10), "int32", ptr=INDICES), [5, 17, 0], 16
+    if case == "dtype":
+        table = arr((3, 10), "int64", ptr=INDICES)
+    elif case == "rank":
+        table = arr((30,), "int32", ptr=INDICES)
+    elif case == "inner":
+        table = arr((3, 10), "int32", strides=(20, 2), ptr=INDICES)
+    elif case == "lens_shape":
+        lens = [5, 17]
+    elif case == "too_long":
+        lens = [5, 161, 0]
+    elif case == "negative":
+        lens = [-1, 17, 0]
+    elif case == "page_size":
+        page = 4
+    with pytest.raises(exc, match=message):
+        pykda.BatchDecodeWithPagedKVCache("NHD").plan_block_tables(table, lens, 32, 8, 128, page)
+    assert offline["copies"] == [] and offline["launches"] == []

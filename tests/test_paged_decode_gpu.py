@@ -166,3 +166,22 @@ def test_page_ids_outside_the_pool_read_zeros(page_size):
     k0, v0 = torch.cat([k, zero]), torch.cat([v, zero])   # the bad ids read page `pool` of zeros
     ref_indices = np.where((indices < 0) | (indices >= pool), pool, indices)
     check(o, lse, expected(q, k0, v0, (indptr, ref_indices, last), "NHD"), lens, "bfloat16")
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_block_tables_equal_the_page_table(page_size):
+    """vLLM's form (a [batch, max_blocks] view of a wider table, seq_lens) gives the page table's
+    output bit for bit on the same pages."""
+    lens = [1000, 0, 1, 300, 2500]
+    q, k, v, tables = make(lens, page_size, 32, 8, 128, "bfloat16", "NHD", seed=11)
+    o, lse = decode(q, k, v, tables, page_size, "NHD", 8)
+    indptr, indices, _ = tables
+    max_blocks = int(np.diff(indptr).max())
+    wide = torch.full((len(lens), max_blocks + 3), -7, dtype=torch.int32)
+    for b in range(len(lens)):
+        wide[b, : indptr[b + 1] - indptr[b]] = torch.from_numpy(indices[indptr[b]:indptr[b + 1]])
+    wide = wide.cuda()
+    dec = pykda.BatchDecodeWithPagedKVCache("NHD")
+    dec.plan_block_tables(wide[:, :max_blocks], torch.tensor(lens, dtype=torch.int32), 32, 8, 128, page_size)
+    o2, lse2 = dec.run(q, k, v, return_lse=True)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)

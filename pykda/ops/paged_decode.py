@@ -194,12 +194,8 @@ class BatchDecodeWithPagedKVCache:
         self._indices = None     # plan()'s kv_indices, kept alive for run()
         self._indices_ptr = 0
 
-    def plan(self, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads: int, num_kv_heads: int, head_dim: int,
-             page_size: int, *, scale: float | None = None, chunk_size: int | None = None,
-             stages: int | None = None) -> None:
-        """Check the page table and fix the batch layout for `run()` (see the class). `scale`
-        defaults to 1/sqrt(head_dim); `chunk_size` and `stages` override the planner as in
-        `batch_decode_with_padded_kv_cache`."""
+    @staticmethod
+    def _check_sizes(num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, stages) -> None:
         if page_size not in PAGE_SIZES:
             raise ValueError(f"page_size must be one of {PAGE_SIZES}; got {page_size}")
         if head_dim not in decode.HEAD_DIMS:
@@ -207,6 +203,14 @@ class BatchDecodeWithPagedKVCache:
         if num_kv_heads < 1 or num_qo_heads < 1 or num_qo_heads % num_kv_heads:
             raise ValueError(f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
         check_stages(stages)
+
+    def plan(self, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads: int, num_kv_heads: int, head_dim: int,
+             page_size: int, *, scale: float | None = None, chunk_size: int | None = None,
+             stages: int | None = None) -> None:
+        """Check the page table and fix the batch layout for `run()` (see the class). `scale`
+        defaults to 1/sqrt(head_dim); `chunk_size` and `stages` override the planner as in
+        `batch_decode_with_padded_kv_cache`."""
+        self._check_sizes(num_qo_heads, num_kv_heads, head_dim, page_size, stages)
         indices = device_arrays.as_device_array(kv_indices, "kv_indices")
         check_dtype(indices, "kv_indices", ("int32",))
         check_ndim(indices, "kv_indices", 1, "[num_page_entries]")
@@ -214,18 +218,56 @@ class BatchDecodeWithPagedKVCache:
         check_aligned(indices, "kv_indices", 4)
         indptr = host_int32(kv_indptr, "kv_indptr")
         rows = request_rows(indptr, host_int32(kv_last_page_len, "kv_last_page_len"), indices.shape[0], page_size)
+        self._set_tables(rows, indptr[:-1], kv_indices, indices, num_qo_heads, num_kv_heads, head_dim, page_size,
+                         scale, chunk_size, stages)
+
+    def plan_block_tables(self, block_tables, seq_lens, num_qo_heads: int, num_kv_heads: int, head_dim: int,
+                          page_size: int, *, scale: float | None = None, chunk_size: int | None = None,
+                          stages: int | None = None) -> None:
+        """`plan()` for vLLM's block table: request b's pages are `block_tables[b, :]` in order
+        (int32 on the device, [batch, max_blocks], rows contiguous; a view of a wider table is
+        fine) and it holds `seq_lens[b]` rows (int32, host or device: read here), at most
+        max_blocks · page_size. No table is copied: `run()` reads the pages from block_tables
+        (keep it alive; a graph captured around `run()` stays valid when its rows change)."""
+        self._check_sizes(num_qo_heads, num_kv_heads, head_dim, page_size, stages)
+        table = device_arrays.as_device_array(block_tables, "block_tables")
+        check_dtype(table, "block_tables", ("int32",))
+        check_ndim(table, "block_tables", 2, "[batch, max_blocks]")
+        check_inner_contiguous(table, "block_tables")
+        check_aligned(table, "block_tables", 4)
+        batch, max_blocks = table.shape
+        rows = host_int32(seq_lens, "seq_lens")
+        if rows.shape != (batch,):
+            raise ValueError(f"seq_lens must have shape [batch] = ({batch},); got {tuple(rows.shape)}")
+        bad = (rows < 0) | (rows > max_blocks * page_size)
+        if bad.any():
+            b = int(np.argmax(bad))
+            raise ValueError(f"seq_lens[{b}] = {rows[b]} must be in [0, max_blocks · page_size = "
+                             f"{max_blocks * page_size}]")
+        starts = np.arange(batch, dtype=np.int64) * table.strides[0]
+        if batch and starts[-1] > MAX_ROWS:
+            raise ValueError(f"block_tables is too large: row {batch - 1} starts at entry {starts[-1]} (at most "
+                             f"{MAX_ROWS})")
+        self._set_tables(rows, starts, block_tables, table, num_qo_heads, num_kv_heads, head_dim, page_size, scale,
+                         chunk_size, stages)
+
+    def _set_tables(self, rows, starts, pages_obj, pages: DeviceArray, num_qo_heads, num_kv_heads, head_dim,
+                    page_size, scale, chunk_size, stages) -> None:
+        """Fix the batch layout and copy each request's rows and first page entry to the device
+        (rewritten in place while they fit); run() reads request b's pages from pages[starts[b]:]."""
         batch = rows.shape[0]
         decode.check_grid(decode.DecodeProblem(1, num_qo_heads, num_kv_heads, head_dim, "bfloat16", batch))
-        layout = PagedLayout(batch, num_qo_heads, num_kv_heads, head_dim, page_size, self.kv_layout, int(rows.max()),
-                             indices.device, resolve_scale(scale, head_dim), chunk_size, stages)
+        layout = PagedLayout(batch, num_qo_heads, num_kv_heads, head_dim, page_size, self.kv_layout,
+                             int(rows.max()) if batch else 0, pages.device, resolve_scale(scale, head_dim), chunk_size,
+                             stages)
         runtime.require_gpu()
-        tables = np.concatenate([rows, indptr[:-1]]).astype(np.int32)
-        if self._tables_at[0] != indices.device or self._tables_at[1] < tables.size:   # else rewritten in place
-            self._tables = device_arrays.empty_like_framework(indices, tables.shape, "int32")
+        tables = np.concatenate([rows, starts]).astype(np.int32)
+        if self._tables_at[0] != pages.device or self._tables_at[1] < tables.size:   # else rewritten in place
+            self._tables = device_arrays.empty_like_framework(pages, tables.shape, "int32")
             self._tables_ptr = device_arrays.as_device_array(self._tables, "tables").ptr
-            self._tables_at = (indices.device, tables.size)
-        device_arrays.copy_from_host(self._tables_ptr, tables, indices.device, device_arrays.launch_stream(indices))
-        self._indices, self._indices_ptr = kv_indices, indices.ptr
+            self._tables_at = (pages.device, tables.size)
+        device_arrays.copy_from_host(self._tables_ptr, tables, pages.device, device_arrays.launch_stream(pages))
+        self._indices, self._indices_ptr = pages_obj, pages.ptr
         self._layout = layout
 
     def run(self, q, k_cache, v_cache=None, *, out=None, return_lse: bool = False, stream=None):
