@@ -23,7 +23,7 @@ from .. import runtime
 from ..runtime import arrays as device_arrays
 from ..runtime.arrays import CallArrays, DeviceArray, contiguous_strides, is_torch_tensor
 from . import decode
-from .checks import (Memo, check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim,
+from .checks import (Memo, check_aligned, check_dtype, check_inner_contiguous, check_ndim,
                      check_same_device, check_shape, check_stages, resolve_scale)
 
 PAGE_SIZES = (1, 8, 16, 32, 64, 128)
@@ -129,6 +129,17 @@ def validate_paged(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceAr
                                 head_dim=pl.head_dim, dtype=q.dtype, batch=pl.batch)
 
 
+def _page_ids(x, name: str, ndim: int, layout: str) -> DeviceArray:
+    """A device int32 array of page ids (kv_indices, block_tables): its rank, its rows
+    contiguous, 4-byte aligned."""
+    a = device_arrays.as_device_array(x, name)
+    check_dtype(a, name, ("int32",))
+    check_ndim(a, name, ndim, layout)
+    check_inner_contiguous(a, name)
+    check_aligned(a, name, 4)
+    return a
+
+
 def _no_map(ptr: int) -> bytes:
     """The tensor map slot of a gathered cache (read by no one)."""
     return bytes(128)
@@ -211,11 +222,7 @@ class BatchDecodeWithPagedKVCache:
         defaults to 1/sqrt(head_dim); `chunk_size` and `stages` override the planner as in
         `batch_decode_with_padded_kv_cache`."""
         self._check_sizes(num_qo_heads, num_kv_heads, head_dim, page_size, stages)
-        indices = device_arrays.as_device_array(kv_indices, "kv_indices")
-        check_dtype(indices, "kv_indices", ("int32",))
-        check_ndim(indices, "kv_indices", 1, "[num_page_entries]")
-        check_contiguous(indices, "kv_indices")
-        check_aligned(indices, "kv_indices", 4)
+        indices = _page_ids(kv_indices, "kv_indices", 1, "[num_page_entries]")
         indptr = host_int32(kv_indptr, "kv_indptr")
         rows = request_rows(indptr, host_int32(kv_last_page_len, "kv_last_page_len"), indices.shape[0], page_size)
         self._set_tables(rows, indptr[:-1], kv_indices, indices, num_qo_heads, num_kv_heads, head_dim, page_size,
@@ -230,11 +237,7 @@ class BatchDecodeWithPagedKVCache:
         max_blocks · page_size. No table is copied: `run()` reads the pages from block_tables
         (keep it alive; a graph captured around `run()` stays valid when its rows change)."""
         self._check_sizes(num_qo_heads, num_kv_heads, head_dim, page_size, stages)
-        table = device_arrays.as_device_array(block_tables, "block_tables")
-        check_dtype(table, "block_tables", ("int32",))
-        check_ndim(table, "block_tables", 2, "[batch, max_blocks]")
-        check_inner_contiguous(table, "block_tables")
-        check_aligned(table, "block_tables", 4)
+        table = _page_ids(block_tables, "block_tables", 2, "[batch, max_blocks]")
         batch, max_blocks = table.shape
         rows = host_int32(seq_lens, "seq_lens")
         if rows.shape != (batch,):
