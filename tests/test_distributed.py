@@ -101,3 +101,17 @@ def test_chunk_kda_cp_needs_a_process_group():
         pytest.skip("a process group is already initialized in this process")
     with pytest.raises(RuntimeError, match="init_process_group"):
         chunk_kda_cp(None, None, None, None, None)
+
+
+@pytest.mark.parametrize("state, v_first, exc, message", [
+    (lambda: [[0.0]], False, TypeError, "initial_state must be a torch tensor; got list"),
+    (lambda: torch.zeros(2, 3, 8, 8), False, ValueError, r"initial_state must have shape \[B, H, K, V\] = \(2, 2, 8, 8\)"),
+    (lambda: torch.zeros(2, 2, 8, 4), True, ValueError, r"initial_state must have shape \[B, H, V, K\]"),
+    (lambda: torch.zeros(2, 2, 8, 8, dtype=torch.float16), False, TypeError, "float32 or bfloat16; got torch.float16"),
+])
+def test_a_bad_initial_state_is_named(state, v_first, exc, message):
+    from pykda.distributed import check_initial_state
+    q = torch.zeros(2, 5, 2, 8)
+    with pytest.raises(exc, match=message):
+        check_initial_state(state(), q, v_first)
+    check_initial_state(torch.zeros(2, 2, 8, 8), q, v_first)   # a good one passes
