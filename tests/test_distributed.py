@@ -115,3 +115,26 @@ def test_a_bad_initial_state_is_named(state, v_first, exc, message):
     with pytest.raises(exc, match=message):
         check_initial_state(state(), q, v_first)
     check_initial_state(torch.zeros(2, 2, 8, 8), q, v_first)   # a good one passes
+
+
+@pytest.mark.parametrize("kwargs, exc, message", [
+    (dict(cu_seqlens=torch.tensor([0, 4])), ValueError, "chunk_kda_cp does not take cu_seqlens"),
+    (dict(state_indices=torch.tensor([0])), ValueError, "chunk_kda_cp does not take state_indices"),
+    (dict(has_initial_state=torch.tensor([True])), ValueError, "chunk_kda_cp does not take has_initial_state"),
+    (dict(q=[[0.0]]), TypeError, "chunk_kda_cp takes torch tensors; q is list"),
+    (dict(initial_state=torch.zeros(1, 2, 8, 4)), ValueError, "initial_state must have shape"),
+])
+def test_chunk_kda_cp_names_what_it_cannot_take(kwargs, exc, message):
+    """Refused with the argument named, inside an initialized group (one gloo rank), before any
+    exchange or launch."""
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        x = {n: torch.zeros(1, 4, 2, 8) for n in ("q", "k", "v", "g")}
+        x["beta"] = torch.zeros(1, 4, 2)
+        q = kwargs.pop("q", x.pop("q"))   # a bad q replaces the good one
+        with pytest.raises(exc, match=message):
+            chunk_kda_cp(q, *x.values(), **kwargs)
+    finally:
+        dist.destroy_process_group()
