@@ -54,6 +54,24 @@ def test_segments_match_reference(K, C, layout, state, seg):
         assert rel(fs, s_ref) <= TOL and rel(fs, f64(fs1)) <= 2e-3
 
 
+def test_scan_candidates_fewer_than_the_sequences():
+    """51 sequences, 50 of them short: the scan's grid has fewer candidates than sequences (26 for
+    51), so each long sequence is found by floor(base / (2·seg + 1)), not by its index."""
+    lengths = [17] * 25 + [2000] + [17] * 25
+    x, s0 = make(1, sum(lengths), 2, 64, seed=31, state_dtype="float32", N=len(lengths))
+    x = long_memory(x)   # a wrong segment start shows
+    cu = cu_of(lengths)
+    args = [as_device_array(x[n], n) for n in ("q", "k", "v", "g", "beta")]
+    p = validate_kda(*args, None, None, as_device_array(s0, "s0"), None, None, as_device_array(cu, "cu"), None, None,
+                     KdaFlags(True, False, True, False, False, None), True, 16)
+    assert 0 < plan_kda(p, 132, segment_chunks=4).segments.scan_candidates < len(lengths)
+    o, fs, o1, fs1 = segmented_and_serial(x, SOFTPLUS, 4, initial_state=s0, output_final_state=True, cu_seqlens=cu)
+    o_ref, s_ref = ref(x, None, s0, cu, flags=SOFTPLUS)
+    assert torch.isfinite(o).all(), "every output row written"
+    assert rel(o, o_ref) <= TOL and rel(fs, s_ref) <= TOL
+    assert rel(o, f64(o1)) <= 2.5e-3 and rel(fs, f64(fs1)) <= 2.5e-3
+
+
 def test_the_planner_segments_a_long_sequence_of_few_heads():
     x, s0 = make(1, 16384, 2, 128, seed=7, state_dtype="float32")
     args = [as_device_array(x[n], n) for n in ("q", "k", "v", "g", "beta")]

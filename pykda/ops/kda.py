@@ -181,7 +181,7 @@ def plan_segments(p: "KdaProblem", sm_count: int, segment_chunks: int | None, lo
         return NO_SEGMENTS
     if p.varlen:   # kda_chunk.cuh: map slots from floor(base(n) / seg), segments from there + n
         maps = -(-chunk_bound(p) // segment_chunks)
-        bound = (cps + p.n_seq) // (max(split_above, 2 * segment_chunks) + 1) + 1   # kda_scan_bound
+        bound = (cps + p.n_seq) // (max(split_above, 2 * segment_chunks) + 1) + 1   # kda_chunk.cuh, kda_scan_candidate
         return KdaSegments(segment_chunks, split_above, maps + p.n_seq, maps, min(bound, p.n_seq))
     per = max(1, -(-cps // segment_chunks))
     return KdaSegments(segment_chunks, 0, p.batch * per, p.batch * (per - 1), p.batch)

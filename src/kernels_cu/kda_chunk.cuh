@@ -33,14 +33,18 @@ template <int K> PYKDA_DEVICE uint32_t kda_swz_elem(int row, int col) {
 PYKDA_DEVICE long long kda_cu_at(const void* cu, int cu_is64, int i) {
   return cu_is64 ? static_cast<const long long*>(cu)[i] : (long long)static_cast<const int*>(cu)[i];
 }
+PYKDA_DEVICE long long kda_seq_begin(const void* cu, int cu_is64, int n, int T) {   // varlen
+  const long long b = kda_cu_at(cu, cu_is64, n);
+  return b < 0 ? 0 : (b > T ? T : b);
+}
 PYKDA_DEVICE void kda_seq_bounds(const void* cu, int cu_is64, int n, int T, int& begin, int& end) {
   if (cu == nullptr) {
     begin = 0;
     end = T;
     return;
   }
-  long long b = kda_cu_at(cu, cu_is64, n), e = kda_cu_at(cu, cu_is64, n + 1);
-  b = b < 0 ? 0 : (b > T ? T : b);
+  const long long b = kda_seq_begin(cu, cu_is64, n, T);
+  long long e = kda_cu_at(cu, cu_is64, n + 1);
   e = e < b ? b : (e > T ? T : e);
   begin = int(b);
   end = int(e);
@@ -60,8 +64,7 @@ struct KdaSeq {
 };
 PYKDA_DEVICE long long kda_chunk_base(const void* cu, int cu_is64, int n, int T, int C) {
   if (cu == nullptr) return (long long)n * ((T + C - 1) / C);
-  const long long b = kda_cu_at(cu, cu_is64, n);
-  return (b < 0 ? 0 : (b > T ? T : b)) / C + n;   // begin_n as kda_seq_bounds clamps it
+  return kda_seq_begin(cu, cu_is64, n, T) / C + n;
 }
 PYKDA_DEVICE KdaSeq kda_sequence(const void* cu, int cu_is64, int n, int T, int C) {
   KdaSeq s;
@@ -144,18 +147,15 @@ PYKDA_DEVICE KdaSegment kda_segment_of(long long idx, bool in_maps, int seg, int
   if (j >= 0 && j < g.all.nseg - sub) g.j = int(j);
   return g;
 }
-// The scan's candidate z: a sequence that may have 3 segments or more, i.e. more than
-// long_ = max(split_above, 2·seg) chunks. Fixed length: sequence z. Varlen: sequence z too when N
-// is at most bound = (ceil(T / C) + N) / (long_ + 1) + 1; else the one with
-// floor(base(n) / (long_ + 1)) = z, an index below the bound that no two such sequences share
-// (base grows by more than long_ past each). Others: nseg = 0.
-PYKDA_DEVICE long long kda_scan_bound(int seg, int split_above, int N, int T, int C) {
-  return ((T + C - 1) / C + (long long)N) / (max(split_above, 2 * seg) + 1) + 1;
-}
-PYKDA_DEVICE KdaSegments kda_scan_candidate(long long z, int seg, int split_above, const void* cu, int cu_is64, int N,
-                                            int T, int C) {
+// The scan's candidate z of `candidates` (its grid's): a sequence that may have 3 segments or
+// more, i.e. more than long_ = max(split_above, 2·seg) chunks. Fixed length: sequence z. Varlen:
+// sequence z too when there are candidates for all N; else (the host's bound, (ceil(T / C) + N) /
+// (long_ + 1) + 1, is below N) the one with floor(base(n) / (long_ + 1)) = z, an index below the
+// bound that no two such sequences share (base grows by more than long_ past each). Others: nseg = 0.
+PYKDA_DEVICE KdaSegments kda_scan_candidate(long long z, long long candidates, int seg, int split_above,
+                                            const void* cu, int cu_is64, int N, int T, int C) {
   const KdaSegments none{0, 0, 0};
-  if (cu == nullptr || N <= kda_scan_bound(seg, split_above, N, T, C)) {
+  if (cu == nullptr || N <= candidates) {
     return z < N ? kda_segments(kda_sequence(cu, cu_is64, int(z), T, C), seg, split_above, cu != nullptr, T, C)
                  : none;
   }
