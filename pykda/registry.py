@@ -100,6 +100,12 @@ def kda_specs(arch: str) -> Iterator[KernelSpec]:
                 for seg in (0, 4):
                     p = problem(1, 4096, 8, d, 1, c)
                     yield from specs_of(p, plan_kda(p, H200_SMS, warps=w, segment_chunks=seg), arch)
+    # checkpoints (return_intermediate_states): the test shapes, whole and in segments
+    for d in HEAD_DIMS:
+        for c in CHUNK_SIZES:
+            for p in (problem(2, 1000, 2, d, 2, c), problem(1, 5148, 2, d, 7, c, v_first=True)):
+                for seg in (None, 3):
+                    yield from specs_of(p, plan_kda(p, H200_SMS, segment_chunks=seg), arch, checkpoints=True)
     # a rank's slice (pykda.distributed): the test shapes and the context-parallel bench's
     slices = [problem(b, t, h, d, b, c) for d in HEAD_DIMS for c in CHUNK_SIZES for b, t, h in ((2, 1000, 2), (1, 4096, 8))]
     slices += [problem(1, t, h, 128, 1, 16) for t in (262144, 524288) for h in (8, 32)]

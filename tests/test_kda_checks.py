@@ -280,7 +280,7 @@ def test_chunk_kda_refuses_bad_input_before_any_launch(offline, case, exc, messa
 
 @pytest.mark.parametrize("keyword, value, message", [
     ("cp_context", object(), "cp_context \\(fla's context parallelism\\) is not supported"),
-    ("return_intermediate_states", True, "return_intermediate_states is not supported"),
+    ("checkpoint_every", 64, "checkpoint_every is given without return_intermediate_states"),
 ])
 def test_unsupported_fla_keywords_are_refused(offline, keyword, value, message):
     a = good()
@@ -618,7 +618,7 @@ def test_segmented_launch_sequence_offline(offline, varlen):
     assert pass1[1] == (2 * 2, H, maps) and pass2[1] == (2, H, slots)   # 64-row CTAs: 2 V splits
     candidates = min((cps + N) // (2 * seg + 1) + 1, N) if varlen else B   # sequences of 3 segments or more
     assert scan[1] == (K // 16 * candidates, H, 1) and scan[2] == (2 * K, 1, 1)
-    seg_args = pass2[4][-3:]
+    seg_args = pass2[4][-6:-3]
     records = -(-chunks * H * record_bytes(K, 16) // 256) * 256
     assert seg_args == (seg, 0, WORKSPACE + records)   # every sequence longer than a segment splits
     assert offline.workspaces == [records + maps * H * 2 * K * K * 4]
@@ -674,8 +674,69 @@ def test_rank_slice_refuses_varlen():
     a = good(B=1, T=100, H=2, K=64)
     a["cu_seqlens"] = arr((3,), "int32")
     with pytest.raises(ValueError, match="fixed-length sequences"):
-        prepare_chunk_kda(*(a[n] for n in ARGS[:13]), None, tuple(SAFE_GATE_FLAGS), True, 16, None, None, None,
+        prepare_chunk_kda(*(a[n] for n in ARGS[:13]), None, None, tuple(SAFE_GATE_FLAGS), True, 16, None, None, None,
                           None, False, rank=True)
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_checkpoints_offline(offline, varlen):
+    """return_intermediate_states: a new [B, ceil(T / E), H, K, K] buffer (varlen: [1, Σ ceil(len / E),
+    ...] from cu_seqlens_cpu) in the states' dtype, its pointer, E / C and its rows as the
+    recurrence's last three arguments; the call returns it third."""
+    B, T, H, K = (1, 1000, 2, 64) if varlen else (2, 1000, 2, 64)
+    a = good(B=B, T=T, H=H, K=K)
+    extra = {}
+    if varlen:
+        a["cu_seqlens"] = arr((4,), "int32")
+        extra["cu_seqlens_cpu"] = [0, 100, 100, 1000]   # 2, 0 and 15 checkpoints of 64 tokens
+    a["initial_state"] = arr((3 if varlen else B, H, K, K), "bfloat16")
+    o, fs, ckpt = pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), **extra,
+                                  output_final_state=True, return_intermediate_states=True)
+    assert tuple(ckpt.shape) == ((1, 17) if varlen else (B, 16)) + (H, K, K)   # ceil(1000 / 64) = 16
+    assert ckpt.dtype == "bfloat16"
+    rec = offline[-1]
+    assert rec[0] == "kda_recurrence" and rec[4][-3:] == (BASE * 2, 4, 17 if varlen else 32)
+
+
+def test_checkpoints_into_a_given_buffer_offline(offline):
+    a = good(B=2, T=100, H=2, K=64)
+    buf = arr((2, 4, 2, 64, 64), "float32", ptr=BASE * 5)   # every 32 tokens: ceil(100 / 32) = 4
+    pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), intermediate_states=buf,
+                    checkpoint_every=32)
+    assert offline[-1][4][-3:] == (BASE * 5, 2, 8)
+
+
+@pytest.mark.parametrize("kwargs, exc, message", [
+    (dict(checkpoint_every=24), ValueError, r"checkpoint_every must be a positive multiple of chunk_size \(16\)"),
+    (dict(checkpoint_every=0), ValueError, "checkpoint_every must be a positive multiple"),
+    (dict(checkpoint_every=64.0), ValueError, "checkpoint_every must be an int"),
+    (dict(intermediate_states=arr((2, 3, 2, 64, 64), "float32")), ValueError,
+     r"intermediate_states must have shape \[N, rows, H, V, K\] = \(2, 2, 2, 64, 64\)"),
+    (dict(intermediate_states=arr((2, 2, 2, 64, 64), "bfloat16")), TypeError,
+     "intermediate_states must have dtype float32"),
+    (dict(intermediate_states=arr((2, 2, 64, 64), "float32")), ValueError, "intermediate_states must be 5-D"),
+])
+def test_bad_checkpoints_are_named_before_any_launch(offline, kwargs, exc, message):
+    a = good(B=2, T=100, H=2, K=64)
+    with pytest.raises(exc, match=message):
+        pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), return_intermediate_states=True,
+                        **kwargs)
+    assert offline == []
+
+
+def test_varlen_checkpoints_need_the_lengths_on_the_host(offline):
+    a = good(B=1, T=100, H=2, K=64)
+    a["cu_seqlens"] = arr((3,), "int32")
+    with pytest.raises(ValueError, match="needs cu_seqlens_cpu"):
+        pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), return_intermediate_states=True)
+    assert offline == []
+
+
+@pytest.mark.parametrize("cu, every, rows", [([0, 100, 100, 1000], 64, 17), ([5, 3, 70], 16, 5), ([0, 2000], 64, 16)])
+def test_checkpoint_rows_of_varlen_lengths(cu, every, rows):
+    """Σ ceil(len / E) over the lengths the kernels see (clamped into [0, T], never negative)."""
+    from pykda.ops.kda import checkpoint_rows
+    assert checkpoint_rows(problem(1, 1000, 2, 64, len(cu) - 1, True), every, cu) == rows
 
 
 def _prepare_args(entry):
@@ -711,8 +772,9 @@ def test_gate_modes_reach_the_kernels_offline(offline, flags, gate_args, templat
 
 def _recurrence_states(entry):
     """kda_recurrence's initial and final state pointers, bf16 flag, index pointer, its int64
-    flag, the pool rows and the has_initial_state pointer (the 7 arguments before the segments')."""
-    return tuple(int(x) for x in entry[4][-10:-3])
+    flag, the pool rows and the has_initial_state pointer (the 7 arguments before the segments' and
+    the checkpoints')."""
+    return tuple(int(x) for x in entry[4][-13:-6])
 
 
 @pytest.mark.parametrize("output_final_state", [False, True])

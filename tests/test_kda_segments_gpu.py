@@ -189,3 +189,70 @@ def test_long_sequence_accuracy_at_131072_tokens(memory):
     near = 1e-3 if memory == "short" else 2.5e-3
     assert err <= 3e-3 and serr <= 3e-3 and d <= near and ds <= near
     assert np.isfinite(err)
+
+
+def checkpoints_ref(x, s0, lengths, every, flags=SOFTPLUS, cu=None):
+    """float64 checkpoints [rows, H, V, K]: the state before tokens 0, E, 2E, ... of each sequence
+    (the initial state, then the reference's state after token i·E − 1)."""
+    from pykda import reference
+    gate_args = {n: f64(x[n]) for n in ("A_log", "dt_bias")}
+    _, _, states = reference.kda_recurrent(
+        f64(x["q"]), f64(x["k"]), f64(x["v"]), f64(x["g"]), f64(x["beta"]), **gate_args,
+        initial_state=None if s0 is None else f64(s0), cu_seqlens=None if cu is None else cu.cpu().numpy(),
+        intermediate_states=True, **reference.kda_options(flags))
+    B, T, H, K = x["q"].shape
+    rows, begin = [], 0
+    for n, length in enumerate(lengths):
+        row, start = (n, 0) if cu is None else (0, begin)
+        for i in range(-(-length // every)):
+            if i == 0:
+                rows.append(np.zeros((H, K, K)) if s0 is None else f64(s0)[n])
+            else:
+                rows.append(states[row, start + i * every - 1])
+        begin += length
+    return np.stack(rows) if rows else np.zeros((0, H, K, K))
+
+
+@pytest.mark.parametrize("seg", [0, 3])
+@pytest.mark.parametrize("state", [None, "bfloat16"])
+@pytest.mark.parametrize("C, every", [(16, 64), (32, 32)])
+@pytest.mark.parametrize("K", [64, 128])
+def test_checkpoints_match_reference(K, C, every, state, seg):
+    """return_intermediate_states, fixed lengths: [B, ceil(T / E), H, V, K] in the states' dtype,
+    the serial walk and segments of 3 chunks alike."""
+    B, T = 2, 333
+    x, s0 = make(B, T, 2, K, seed=40 + K + C + seg, state_dtype=state)
+    x = long_memory(x)
+    o, fs, ck = run(x, SOFTPLUS, initial_state=s0, output_final_state=True, chunk_size=C, segment_chunks=seg,
+                    return_intermediate_states=True, checkpoint_every=every)
+    rows = -(-T // every)
+    assert tuple(ck.shape) == (B, rows, 2, K, K) and ck.dtype == (s0.dtype if state else torch.float32)
+    expected = checkpoints_ref(x, s0, [T] * B, every)
+    assert rel(ck.reshape(B * rows, 2, K, K), expected) <= 1e-2
+    o1, _ = run(x, SOFTPLUS, initial_state=s0, chunk_size=C, segment_chunks=seg)
+    assert torch.equal(o, o1), "checkpoints change nothing else"
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_varlen_checkpoints_in_fla_packing(given):
+    """cu_seqlens with lengths 1, 15, 16, 17, 0, 1000, 4099: Σ ceil(len / 64) rows in sequence order,
+    fla's layout [1, rows, H, K, V]; a given buffer (poisoned) is filled in place."""
+    lengths = VARLEN
+    x, s0 = make(1, sum(lengths), 2, 128, seed=77, state_dtype="float32", N=len(lengths))
+    x = long_memory(x)
+    cu = cu_of(lengths)
+    rows = sum(-(-n // 64) for n in lengths)
+    s0k = s0.transpose(-1, -2).contiguous()
+    gate = {n: x[n] for n in ("A_log", "dt_bias")}
+    kw = dict(initial_state=s0k, cu_seqlens=cu, return_intermediate_states=True, segment_chunks=3)
+    if given:
+        buf = torch.full((1, rows, 2, 128, 128), float("nan"), device="cuda")
+        kw["intermediate_states"] = buf
+    else:
+        kw["cu_seqlens_cpu"] = cu.cpu()
+    _, _, ck = pykda.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], **SOFTPLUS, **gate, **kw)
+    if given:
+        assert ck.data_ptr() == buf.data_ptr()
+    assert tuple(ck.shape) == (1, rows, 2, 128, 128) and torch.isfinite(ck).all()
+    expected = checkpoints_ref(x, s0, lengths, 64, cu=cu)
+    assert rel(ck[0].transpose(-1, -2), expected) <= 1e-2

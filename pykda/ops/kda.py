@@ -54,6 +54,7 @@ PREP_THREADS = 128
 # every key dim (2^-G fits fp32 and bf16); other chunks take the growth-free form
 GROWTH_LIMIT = 120.0
 DEFAULT_STAGES = {16: 4, 32: 3}
+DEFAULT_CHECKPOINT_EVERY = 64  # tokens between checkpoints: fla's chunk (its intermediate states' spacing)
 SEGMENT_MIN_CHUNKS = 64        # the planner's smallest segment: ~30 µs of chain, well above two launches
 SPLIT_S = False                # state split into bf16 hi + lo for S·kdᵀ and S·qdᵀ
 
@@ -210,9 +211,10 @@ def plan_kda(p: KdaProblem, sm_count: int, warps: int | None = None, stages: int
                    rank=rank)
 
 
-def kda_specs(p: KdaProblem, plan: KdaPlan, arch: str, split_s: bool | None = None) -> tuple[runtime.KernelSpec, ...]:
-    """(prepare, recurrence), then with segments (pass 1, scan of the starts), and for a rank's
-    slice (pass 1, scan of the slice's map, scan of the starts)."""
+def kda_specs(p: KdaProblem, plan: KdaPlan, arch: str, split_s: bool | None = None,
+              checkpoints: bool = False) -> tuple[runtime.KernelSpec, ...]:
+    """(prepare, recurrence (writing checkpoints if asked)), then with segments (pass 1, scan of
+    the starts), and for a rank's slice (pass 1, scan of the slice's map, scan of the starts)."""
     split_s = SPLIT_S if split_s is None else split_s
     prep = runtime.KernelSpec.make("kda_prepare", {"K": p.head_dim, "C": p.chunk, "GROWTH_LIMIT": GROWTH_LIMIT,
                                                    "BOUNDED": bounded_gate(p), **p.variant.template_params()},
@@ -221,7 +223,8 @@ def kda_specs(p: KdaProblem, plan: KdaPlan, arch: str, split_s: bool | None = No
     def recurrence(map_pass: bool) -> runtime.KernelSpec:
         return runtime.KernelSpec.make("kda_recurrence", {"K": p.head_dim, "C": p.chunk, "WARPS": plan.warps,
                                                           "STAGES": plan.stages, "SPLIT_S": bool(split_s),
-                                                          "VFIRST": p.v_first, "MAP": map_pass, "RANK": plan.rank},
+                                                          "VFIRST": p.v_first, "MAP": map_pass, "RANK": plan.rank,
+                                                          "CKPT": checkpoints and not map_pass},
                                        arch, kernels=("kda_recurrence",))
 
     def scan(mode: str) -> runtime.KernelSpec:
@@ -348,7 +351,7 @@ def v_tensor_maps(v: DeviceArray, vs: int, chunk: int) -> runtime.TiledMaps:
 I32, I64, F32 = np.int32, np.int64, np.float32
 PREPARE_SIGNATURE = (int, I64, I64, I64) * 4 + (int, int, int, I32, I32, I32, F32, F32, int)
 RECURRENCE_SIGNATURE = (128, int, int, I32, I32, I32, int, I64, I64, I64, int, int, I32, int, I32, I32, int, I32, I32,
-                        int)
+                        int, int, I32, I64)
 SCAN_SIGNATURE = (int, I32, I32, int, I32, I32, I32, int)
 
 
@@ -387,6 +390,7 @@ class KdaCall(NamedTuple):
     new_final: bool                  # a final-state array is made by the call
     returns_final: bool              # the call returns the final state (or the pool)
     workspace: tuple                 # bytes, and where the maps start (after the records)
+    checkpoints: tuple               # (chunks between checkpoints, rows of the given buffer); (0, 0): none
 
 
 def _workspace_layout(p: KdaProblem, plan: KdaPlan) -> tuple[int, int]:
@@ -395,14 +399,46 @@ def _workspace_layout(p: KdaProblem, plan: KdaPlan) -> tuple[int, int]:
     return max(maps_at + plan.segments.map_slots * p.heads * map_bytes(p.head_dim), 16), maps_at
 
 
+def checkpoint_rows(p: KdaProblem, every: int, cu_seqlens_cpu=None) -> int:
+    """Rows of the checkpoints of a call, every `every` tokens: B·ceil(T / every), or with varlen
+    Σ ceil(len_n / every) from a host copy of cu_seqlens (clamped as the kernels clamp)."""
+    if not p.varlen:
+        return p.batch * -(-p.seq_len // every)
+    cu = np.clip(np.asarray(cu_seqlens_cpu, dtype=np.int64), 0, p.seq_len)
+    lens = np.maximum(cu[1:] - cu[:-1], 0)
+    return int((-(-lens // every)).sum())
+
+
+def check_checkpoints(buf: DeviceArray | None, p: KdaProblem, every: int) -> int:
+    """The checkpoint buffer against the call: [B, ceil(T / every), H, ., .] (varlen: [1, rows, H,
+    ., .], any rows), the states' dtype, contiguous. Returns its rows (0 without a buffer)."""
+    if every <= 0 or every % p.chunk:
+        raise ValueError(f"checkpoint_every must be a positive multiple of chunk_size ({p.chunk}); got {every}")
+    if buf is None:
+        return 0
+    layout = "[N, rows, H, V, K]" if p.v_first else "[N, rows, H, K, V]"
+    check_ndim(buf, "intermediate_states", 5, layout)
+    check_dtype(buf, "intermediate_states", (p.state_dtype,))
+    K, H = p.head_dim, p.heads
+    rows = buf.shape[1] if p.varlen else -(-p.seq_len // every)
+    check_shape(buf, "intermediate_states", (1 if p.varlen else p.batch, rows, H, K, K), layout)
+    check_contiguous(buf, "intermediate_states")
+    return buf.shape[0] * buf.shape[1]
+
+
 def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state, cu_seqlens,
-                      out, final_state, scale, flags, state_v_first, chunk_size, warps, stages, segment_chunks,
-                      longest, output_final_state, rank=False) -> KdaCall:
+                      out, final_state, intermediate_states, scale, flags, state_v_first, chunk_size, warps, stages,
+                      segment_chunks, longest, output_final_state, checkpoint_every=0, rank=False) -> KdaCall:
     """Validate a call, plan it and make everything its launches need but the pointers, the
     workspace and the stream (kernels compiled on first use). `flags`: KdaFlags or a tuple of its
-    fields (the hot path's key holds a plain tuple). `rank`: a rank's slice (chunk_kda_slice)."""
+    fields (the hot path's key holds a plain tuple). `checkpoint_every`: tokens between
+    checkpoints (0: none). `rank`: a rank's slice (chunk_kda_slice)."""
     p = validate_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state, cu_seqlens,
                      out, final_state, KdaFlags(*flags), bool(state_v_first), chunk_size)
+    checkpoints = (I32(0), I64(0))
+    if checkpoint_every:
+        checkpoints = (I32(checkpoint_every // p.chunk), I64(check_checkpoints(intermediate_states, p,
+                                                                               checkpoint_every)))
     if rank and (p.varlen or initial_state is not None):
         raise ValueError("a rank's slice takes fixed-length sequences (no cu_seqlens) and its start state from "
                          "start_of (no initial_state)")
@@ -415,7 +451,7 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
     if smem > dev.smem_per_block_optin:
         raise ValueError(f"the plan needs {smem} bytes of shared memory per block; the device allows "
                          f"{dev.smem_per_block_optin} (use fewer stages)")
-    specs = kda_specs(p, plan, dev.arch)
+    specs = kda_specs(p, plan, dev.arch, checkpoints=bool(checkpoint_every))
     B, T, H, K, N, C = p.batch, p.seq_len, p.heads, p.head_dim, p.n_seq, p.chunk
     seg = plan.segments
     rec_threads = (plan.warps + 1) * 32
@@ -449,7 +485,7 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
                I32(pooled and state_indices.dtype == "int64"), I32(p.pool_rows), I32(seg.chunks), I32(seg.split_above))
     return KdaCall(p, plan, prepare, map_pass, scan, total_scan, recurrence, v_maps, in_strides, o_strides, scalars,
                    pooled, want_final and final_state is None and not pooled,
-                   want_final and (output_final_state or not pooled), _workspace_layout(p, plan))
+                   want_final and (output_final_state or not pooled), _workspace_layout(p, plan), checkpoints)
 
 
 def longest_chunks(cu_seqlens_cpu, chunk_size: int) -> int:
@@ -468,7 +504,7 @@ def longest_chunks(cu_seqlens_cpu, chunk_size: int) -> int:
 
 
 ARGUMENTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "state_indices", "has_initial_state",
-             "cu_seqlens", "out", "final_state")
+             "cu_seqlens", "out", "final_state", "intermediate_states")
 REQUIRED = 5   # q .. beta
 # prepared calls by the arguments' key (CallArrays) and the settings: a repeated call is one key compare
 PREPARED = Memo(lambda arrays, settings: prepare_chunk_kda(*arrays.views(), *settings))
@@ -481,7 +517,8 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
               *, A_log=None, dt_bias=None, state_indices=None, has_initial_state=None, out=None, final_state=None,
               chunk_size: int = 16, stream=None, warps: int | None = None, stages: int | None = None,
               segment_chunks: int | None = None, disable_recompute: bool = False, use_graph: bool = False,
-              max_num_seqs: int | None = None, return_intermediate_states: bool = False, cp_context=None):
+              max_num_seqs: int | None = None, return_intermediate_states: bool = False, cp_context=None,
+              checkpoint_every: int | None = None, intermediate_states=None):
     """Chunked Kimi Delta Attention forward (prefill), with fla's `chunk_kda` arguments.
 
     q, k: [B, T, H, K] bf16; v: [B, T, H, V] bf16; g: [B, T, H, K] bf16 or fp32; beta: [B, T, H]
@@ -512,35 +549,65 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
       cannot see the lengths on the device and may launch segment passes that find nothing to
       split (tens of µs at 64 heads); `cu_seqlens_cpu` (a host copy, as fla takes it) lets it know
       the longest sequence. A CUDA graph keeps the plan of its capture (any lengths stay correct).
+    - Checkpoints (prefix caching, speculative-decode rollback), as fla's
+      `return_intermediate_states`: the state before tokens 0, E, 2E, ... of each sequence (E =
+      `checkpoint_every`, a multiple of chunk_size, default 64 = fla's chunk), in the states'
+      dtype and layout: [B, ceil(T / E), H, ., .], or with varlen [1, Σ ceil(len_n / E), H, ., .]
+      in sequence order (fla's packing). With `return_intermediate_states` the call returns them
+      as a third value, in `intermediate_states` (a buffer to fill; varlen: rows past its end are
+      not written) or a new array (varlen: sized from `cu_seqlens_cpu`, which is then required).
     - `chunk_size` 16 or 32; `warps`, `stages` override the planner.
-    Returns (o [B, T, H, V] bf16 in q's framework (or `out`), final_state or None).
+    Returns (o [B, T, H, V] bf16 in q's framework (or `out`), final_state or None[, checkpoints]).
     """
     if cp_context is not None:
         raise ValueError("cp_context (fla's context parallelism) is not supported by chunk_kda")
-    if return_intermediate_states:
-        raise ValueError("return_intermediate_states is not supported yet")
     del disable_recompute, use_graph, max_num_seqs   # nothing to do with them (see above)
     if cu_seqlens_cpu is not None and cu_seqlens is None:
         raise ValueError("cu_seqlens_cpu is given without cu_seqlens")
+    every = 0
+    if return_intermediate_states or intermediate_states is not None:
+        every = DEFAULT_CHECKPOINT_EVERY if checkpoint_every is None else checkpoint_every
+        if isinstance(every, bool) or not isinstance(every, (int, np.integer)):
+            raise ValueError(f"checkpoint_every must be an int (tokens); got {checkpoint_every!r}")
+        every = int(every)
+        if every <= 0:
+            raise ValueError(f"checkpoint_every must be a positive multiple of chunk_size; got {every}")
+    elif checkpoint_every is not None:
+        raise ValueError("checkpoint_every is given without return_intermediate_states or intermediate_states")
     longest = None   # a planning hint, read only where segments are possible (2 segments of the smallest size)
     shape = getattr(q, "shape", ())   # (validation names a bad q later)
     if cu_seqlens_cpu is not None and segment_chunks is None and len(shape) == 4 and \
             shape[1] >= 2 * SEGMENT_MIN_CHUNKS * chunk_size:
         longest = longest_chunks(cu_seqlens_cpu, chunk_size)
     arrays = CallArrays((q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state,
-                         cu_seqlens, out, final_state), ARGUMENTS, REQUIRED)
+                         cu_seqlens, out, final_state, intermediate_states), ARGUMENTS, REQUIRED)
     settings = (scale, (use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
                         safe_gate, lower_bound),   # KdaFlags' fields
-                state_v_first, chunk_size, warps, stages, segment_chunks, longest, output_final_state)
+                state_v_first, chunk_size, warps, stages, segment_chunks, longest, output_final_state, every)
     call = PREPARED.get((arrays.key, settings), arrays, settings)
-    return _run(call, arrays, q, stream, out, initial_state, final_state)
+    o, fs, ckpt = _run(call, arrays, q, stream, out, initial_state, final_state,
+                       checkpoints=(intermediate_states, cu_seqlens_cpu))
+    return (o, fs, ckpt) if return_intermediate_states else (o, fs)
 
 
-def _run(call: KdaCall, arrays: CallArrays, q, stream, out, initial_state, final_state, start_of=None):
+def _run(call: KdaCall, arrays: CallArrays, q, stream, out, initial_state, final_state, start_of=None,
+         checkpoints=(None, None)):
     """The launches of a prepared call: prepare, then (segments) pass 1 and the scans, then the
-    recurrence. A rank's slice asks `start_of` for its start state between its two scans."""
+    recurrence. A rank's slice asks `start_of` for its start state between its two scans.
+    `checkpoints`: the caller's buffer (or None: a new one) and cu_seqlens_cpu. Returns (out,
+    final state or None, checkpoints or None)."""
     p = call.problem
-    q_p, k_p, v_p, g_p, b_p, a_p, dt_p, s0_p, idx_p, hi_p, cu_p, o_p, fs_p = arrays.ptrs   # 0 for None
+    q_p, k_p, v_p, g_p, b_p, a_p, dt_p, s0_p, idx_p, hi_p, cu_p, o_p, fs_p, ck_p = arrays.ptrs   # 0 for None
+    every, ck_rows = call.checkpoints
+    ckpt = checkpoints[0]
+    if every and ckpt is None:   # (before any allocation or launch: a missing cu_seqlens_cpu is named)
+        if p.varlen and checkpoints[1] is None:
+            raise ValueError("return_intermediate_states with cu_seqlens needs cu_seqlens_cpu (the number of "
+                             "checkpoints depends on the lengths) or an intermediate_states buffer")
+        rows = checkpoint_rows(p, every * p.chunk, checkpoints[1])
+        shape = (1, rows) if p.varlen else (p.batch, rows // max(p.batch, 1))
+        ckpt, ck_p = arrays.new_empty(0, (*shape, p.heads, p.head_dim, p.head_dim), p.state_dtype)
+        ck_rows = I64(rows)
     if out is None:
         out, o_p = arrays.new_empty(0, (p.batch, p.seq_len, p.heads, p.head_dim), "bfloat16")
     if call.pooled:
@@ -549,8 +616,9 @@ def _run(call: KdaCall, arrays: CallArrays, q, stream, out, initial_state, final
         final_state, fs_p = arrays.new_empty(0, (p.n_seq, p.heads, p.head_dim, p.head_dim), p.state_dtype)
     # returned: the pool only when asked for; a final_state buffer the caller gave, always
     returned = arrays.result(final_state) if call.returns_final else None
+    ckpt = arrays.result(ckpt) if every else None
     if p.n_seq == 0:   # an empty batch: nothing to compute
-        return arrays.result(out), returned
+        return arrays.result(out), returned, ckpt
 
     strm = arrays.stream(stream)
     cu_is64, n_seq, T, lower_bound, scale, state_bf16, idx_is64, pool_rows, seg_chunks, split_above = call.scalars
@@ -562,7 +630,8 @@ def _run(call: KdaCall, arrays: CallArrays, q, stream, out, initial_state, final
         call.prepare.launcher(call.prepare.config, (q_p, *s[0:3], k_p, *s[3:6], g_p, *s[6:9], b_p, *s[9:12], a_p, dt_p,
                                                     cu_p, cu_is64, n_seq, T, lower_bound, scale, records), strm)
     rec_args = (call.v_maps(v_p) if call.v_maps else bytes(128), records, cu_p, cu_is64, T, n_seq, o_p,
-                *call.o_strides, s0_p, fs_p, state_bf16, idx_p, idx_is64, pool_rows, hi_p, seg_chunks, split_above, maps)
+                *call.o_strides, s0_p, fs_p, state_bf16, idx_p, idx_is64, pool_rows, hi_p, seg_chunks, split_above, maps,
+                ck_p, every, ck_rows)
     scan_args = (maps, seg_chunks, split_above, cu_p, cu_is64, T, n_seq)
     if call.map_pass:   # segments: pass 1, the scan(s)
         call.map_pass.launcher(call.map_pass.config, rec_args, strm)
@@ -574,7 +643,7 @@ def _run(call: KdaCall, arrays: CallArrays, q, stream, out, initial_state, final
             start_p = _start_pointer(start, p, arrays.views()[0].device)
         call.scan.launcher(call.scan.config, (*scan_args, start_p), strm)
     call.recurrence.launcher(call.recurrence.config, rec_args, strm)
-    return arrays.result(out), returned
+    return arrays.result(out), returned, ckpt
 
 
 def _start_pointer(start, p: KdaProblem, device: int) -> int:
@@ -606,10 +675,10 @@ def chunk_kda_slice(q, k, v, g, beta, start_of, scale: float | None = None, outp
     whatever `state_v_first` says of final_state), ready in stream order. Then the slice runs
     from it: returns (o, final_state or None) as chunk_kda does.
     """
-    arrays = CallArrays((q, k, v, g, beta, A_log, dt_bias, None, None, None, None, out, final_state), ARGUMENTS,
+    arrays = CallArrays((q, k, v, g, beta, A_log, dt_bias, None, None, None, None, out, final_state, None), ARGUMENTS,
                         REQUIRED)
     settings = (scale, (use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
                         safe_gate, lower_bound),
-                state_v_first, chunk_size, warps, stages, segment_chunks, None, output_final_state, True)
+                state_v_first, chunk_size, warps, stages, segment_chunks, None, output_final_state, 0, True)
     call = PREPARED.get((arrays.key, settings), arrays, settings)
-    return _run(call, arrays, q, stream, out, None, final_state, start_of)
+    return _run(call, arrays, q, stream, out, None, final_state, start_of)[:2]
