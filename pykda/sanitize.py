@@ -11,13 +11,16 @@ or is skipped (a sanitized run that skipped a test checked nothing there), when 
 times out, when its summary is missing, and when any report is not a known finding (or the summary
 counts more errors than it printed: raise --print-limit).
 
+racecheck runs kernels built for it (PYKDA_SANITIZE, see pykda.runtime.render): there
+kda_recurrence hands each ring stage back with every consumer thread's arrive instead of lane 0's
+after __syncwarp. The shipped hand-back is correct (the producer's wait acquires lane 0's release,
+ordered after the warp's reads by the warp barrier), but racecheck credits an arrive to the arriving
+thread alone and would report the reads of lanes 1..31 as races against the producer's refill
+(examples/racecheck_mbarrier_pipeline.py reproduces it). The other tools check the shipped build.
+
 Known findings (reported, listed as "known: ...", never a failure), see KNOWN:
-  racecheck, kda_recurrence: read/write races between the consumers' reads of a ring stage and the
-  producer's cp.async.bulk refill of it. The hand-back is correct (__syncwarp, then lane 0's
-  mbarrier arrive, which the producer's wait acquires); racecheck credits the arrive to lane 0 alone.
-  templates/kda_recurrence.cu.j2 explains it at the empty-barrier arrive, and
-  examples/racecheck_mbarrier_pipeline.py reproduces it. A write/write race there, or any report in
-  another kernel, still fails.
+  racecheck, kda_recurrence: that report, were a build without PYKDA_SANITIZE checked. A
+  write/write race there, or any report in another kernel, still fails.
 
 Allocations come from torch's caching allocator and CuPy's pool, as in serving: memcheck sees an
 access outside the allocator's segments, not one into a neighbouring tensor of the same segment; the
@@ -37,6 +40,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .runtime.render import SANITIZE_ENV
 
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 DEFAULT_PRINT_LIMIT = 10000
@@ -397,8 +402,11 @@ def run_tool(sanitizer: str, tool: str, log_dir: Path, tests=TESTS, print_limit=
     cmd = build_command(sanitizer, tool, tests, print_limit, pytest_args)
     log_path = Path(log_dir) / f"{tool}.log"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if tool == "racecheck":   # the known findings alone count hundreds of thousands of hazards
+    if tool == "racecheck":
         env.setdefault(RACECHECK_HAZARDS_ENV, str(RACECHECK_MAX_HAZARDS))
+        env[SANITIZE_ENV] = "1"   # kernels built for it: kda_recurrence's every-thread hand-back
+    else:   # the other tools check the kernels as they ship
+        env.pop(SANITIZE_ENV, None)
     start = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:
         log.write(f"$ {shlex.join(cmd)}\n\n")

@@ -25,6 +25,20 @@ def test_render_inlines_headers_once_and_is_self_contained():
     assert "decode_partial" in src and "merge_row" in src
 
 
+@pytest.mark.parametrize("value, built_for_it", [("1", True), ("0", False), ("", False)])
+def test_a_sanitizer_build_is_a_source_of_its_own(monkeypatch, value, built_for_it):
+    """PYKDA_SANITIZE puts `#define PYKDA_SANITIZE 1` first (so its own cache entry); the racecheck
+    build of kda_recurrence (every consumer thread hands a stage back) compiles."""
+    spec = next(s for s in registry.specs("kda", "sm_90a") if s.template == "kda_recurrence")
+    monkeypatch.delenv("PYKDA_SANITIZE", raising=False)
+    plain = runtime.render(spec.template, spec.param_dict)
+    monkeypatch.setenv("PYKDA_SANITIZE", value)
+    src = runtime.render(spec.template, spec.param_dict)
+    assert (src == "#define PYKDA_SANITIZE 1\n" + plain) if built_for_it else src == plain
+    if built_for_it:
+        runtime.compile_cubin(src, "sm_90a")
+
+
 def test_render_rejects_unknown_template_and_missing_parameter():
     with pytest.raises(ValueError, match="unknown kernel template"):
         runtime.render("no_such_kernel", {})

@@ -105,6 +105,27 @@ def test_racecheck_runs_with_a_large_hazard_table(monkeypatch, tmp_path):
     assert sanitize.RACECHECK_HAZARDS_ENV not in seen["env"]
 
 
+def test_racecheck_alone_checks_kernels_built_for_it(monkeypatch, tmp_path):
+    """PYKDA_SANITIZE=1 for racecheck (kda_recurrence's every-thread hand-back); the other tools
+    check the shipped kernels, even where the caller's environment sets it."""
+    seen = {}
+
+    class Proc:
+        def __init__(self, cmd, env=None, **kw):
+            seen["env"] = env
+            self.returncode = 0
+
+        def wait(self, timeout=None):
+            return 0
+    monkeypatch.setattr(sanitize.subprocess, "Popen", Proc)
+    monkeypatch.setenv("PYKDA_SANITIZE", "1")
+    sanitize.run_tool("compute-sanitizer", "memcheck", tmp_path, cwd=tmp_path)
+    assert "PYKDA_SANITIZE" not in seen["env"]
+    monkeypatch.delenv("PYKDA_SANITIZE")
+    sanitize.run_tool("compute-sanitizer", "racecheck", tmp_path, cwd=tmp_path)
+    assert seen["env"]["PYKDA_SANITIZE"] == "1"
+
+
 def test_racecheck_hazard_in_another_kernel_fails():
     other = ("========= Error: Race reported between Write access at decode_partial+0x450\n"
              "=========     and Read access at decode_partial+0x5a0 [32 hazards]\n=========\n")

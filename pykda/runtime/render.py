@@ -6,6 +6,7 @@ each header once, so the result compiles on its own with NVRTC or with nvcc.
 from __future__ import annotations
 
 import functools
+import os
 import re
 from pathlib import Path
 
@@ -17,6 +18,11 @@ TEMPLATE_DIR = next(p for p in (_PKG / "templates", _PKG.parent / "templates") i
 HEADER_DIR = next(p for p in (_PKG / "kernels_cu", _PKG.parent / "src" / "kernels_cu") if p.is_dir())
 
 _INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"\s*$', re.M)
+# set (to anything but "" or "0"): every kernel is built for compute-sanitizer, with
+# `#define PYKDA_SANITIZE 1` first (`python -m pykda sanitize` sets it for racecheck); a template
+# may then trade speed for what the tools can follow. The define is part of the source, so such
+# builds have cache entries of their own.
+SANITIZE_ENV = "PYKDA_SANITIZE"
 
 
 @functools.lru_cache(maxsize=None)
@@ -49,4 +55,7 @@ def render(template: str, params: dict) -> str:
         tpl = _environment().get_template(f"{template}.cu.j2")
     except jinja2.TemplateNotFound:
         raise ValueError(f"unknown kernel template {template!r}; known: {template_names()}") from None
-    return _inline_headers(tpl.render(**params), set())
+    source = _inline_headers(tpl.render(**params), set())
+    if os.environ.get(SANITIZE_ENV, "") not in ("", "0"):
+        source = "#define PYKDA_SANITIZE 1\n" + source
+    return source
