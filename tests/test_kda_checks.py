@@ -772,9 +772,9 @@ def test_gate_modes_reach_the_kernels_offline(offline, flags, gate_args, templat
 
 def _recurrence_states(entry):
     """kda_recurrence's initial and final state pointers, bf16 flag, index pointer, its int64
-    flag, the pool rows and the has_initial_state pointer (the 7 arguments before the segments' and
-    the checkpoints')."""
-    return tuple(int(x) for x in entry[4][-13:-6])
+    flag, the pool rows, their stride and the has_initial_state pointer (the 8 arguments before the
+    segments' and the checkpoints')."""
+    return tuple(int(x) for x in entry[4][-14:-6])
 
 
 @pytest.mark.parametrize("output_final_state", [False, True])
@@ -793,8 +793,31 @@ def test_pool_in_place_offline(offline, output_final_state):
     rec = offline[-1]
     warps = rec[2][0] // 32 - 1
     assert rec[1] == (K // (16 * warps), 4, 3)   # one CTA per V split, head and sequence
-    assert _recurrence_states(rec) == (BASE * 5, BASE * 5, 1, BASE * 6, 1, P, BASE * 7)
+    assert _recurrence_states(rec) == (BASE * 5, BASE * 5, 1, BASE * 6, 1, P, H * K * K, BASE * 7)
     assert (fs is pool) if output_final_state else (fs is None)
+
+
+def test_pool_view_rows_offline(offline):
+    """A pool that is a view of a larger cache (one slot's rows of several layers, as engines keep
+    them): its rows are read and written in place at their own stride."""
+    H, K, P = 4, 128, 9
+    a = good(B=1, H=H, K=K)
+    pool = arr((P, H, K, K), "float32", ptr=BASE * 5, strides=(3 * H * K * K, K * K, K, 1))
+    idx = arr((3,), "int32", ptr=BASE * 6)
+    pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **SOFTPLUS_FLAGS._asdict(), A_log=a["A_log"],
+                    dt_bias=a["dt_bias"], cu_seqlens=arr((4,), "int32"), initial_state=pool, state_indices=idx)
+    assert _recurrence_states(offline[-1])[:7] == (BASE * 5, BASE * 5, 0, BASE * 6, 0, P, 3 * H * K * K)
+
+
+@pytest.mark.parametrize("strides, match", [
+    ((4 * 128 * 128, 128 * 128, 1, 128), "contiguous within each row"),
+    ((128 * 128, 128 * 128, 128, 1), "rows overlap"),
+])
+def test_pool_rows_must_be_contiguous_and_apart(strides, match):
+    a = good(B=1)
+    a.update(initial_state=arr((9, 4, 128, 128), "float32", strides=strides), state_indices=arr((1,), "int32"))
+    with pytest.raises(ValueError, match=f"initial_state.*{match}|initial_state's {match}"):
+        check(**a)
 
 
 def test_contiguous_states_offline(offline):
@@ -804,7 +827,7 @@ def test_contiguous_states_offline(offline):
     s0 = arr((2, 4, 128, 128), "float32", ptr=BASE * 5)
     _, fs = pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **SAFE_GATE_FLAGS._asdict(),
                             A_log=a["A_log"], dt_bias=a["dt_bias"], initial_state=s0, output_final_state=True)
-    assert _recurrence_states(offline[-1]) == (BASE * 5, BASE * 2, 0, 0, 0, 2, 0)
+    assert _recurrence_states(offline[-1]) == (BASE * 5, BASE * 2, 0, 0, 0, 2, 4 * 128 * 128, 0)
     assert fs.ptr == BASE * 2 and tuple(fs.shape) == (2, 4, 128, 128)
     _, fs = pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **SAFE_GATE_FLAGS._asdict(),
                             A_log=a["A_log"], dt_bias=a["dt_bias"], initial_state=s0, final_state=s0,

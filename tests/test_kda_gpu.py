@@ -359,6 +359,27 @@ def test_prefill_on_the_state_pool(state, index_dtype):
     assert torch.equal(o, o2)
 
 
+@pytest.mark.parametrize("v_first", [True, False])
+def test_prefill_on_a_pool_view(v_first):
+    """The pool as engines keep it: a view of a cache whose slots also hold other layers' states
+    (rows 3 states apart). The view's rows are read and written in place, bit for bit as in a
+    contiguous pool, and nothing else in the cache changes."""
+    P = 11
+    x, pool, before, idx, has, cu = pool_case([40, 0, 1, 77, 16], 31, "float32", torch.int32, P)
+    cache = torch.randn(P, 3, *pool.shape[1:], device="cuda")
+    cache[:, 1] = pool
+    cache_before = cache.clone()
+    view = cache[:, 1]
+    def call(states, **kw):
+        return pykda.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], **SOFTPLUS, A_log=x["A_log"],
+                               dt_bias=x["dt_bias"], state_v_first=v_first, cu_seqlens=cu, initial_state=states,
+                               state_indices=idx, has_initial_state=has, **kw)
+    o, fs = call(view, output_final_state=True)
+    o2, _ = call(pool)
+    assert fs is view and torch.equal(o, o2) and torch.equal(view, pool)
+    assert torch.equal(cache[:, 0::2], cache_before[:, 0::2]), "the other layers' states are not touched"
+
+
 def test_state_layouts_agree():
     lengths = [33, 64, 5]
     x, s0 = make(1, sum(lengths), 2, 64, seed=41, state_dtype="float32", N=3)

@@ -58,6 +58,18 @@ def check_contiguous(a: DeviceArray, name: str) -> None:
         raise ValueError(f"{name} must be contiguous; got strides {a.strides} for shape {tuple(a.shape)}")
 
 
+def check_rows_contiguous(a: DeviceArray, name: str) -> None:
+    """Contiguous within each row of dim 0; the rows themselves any distance apart that keeps them
+    from overlapping (a pool that is a view into a larger cache, one row per slot)."""
+    inner = contiguous_strides(tuple(a.shape[1:]))
+    if any(s != e for s, e, n in zip(a.strides[1:], inner, a.shape[1:]) if n > 1):
+        raise ValueError(f"{name} must be contiguous within each row (all dims but the first); got strides "
+                         f"{a.strides} for shape {tuple(a.shape)}")
+    row = math.prod(a.shape[1:])
+    if a.shape[0] > 1 and a.strides[0] < row:
+        raise ValueError(f"{name}'s rows overlap: stride {a.strides[0]} of dim 0 is below a row's {row} elements")
+
+
 def resolve_scale(scale, dim: int) -> float:
     """The softmax/readout scale: 1/sqrt(dim) by default; must be finite."""
     scale = float(scale) if scale is not None else dim ** -0.5

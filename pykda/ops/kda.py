@@ -42,7 +42,8 @@ import numpy as np
 
 from .. import runtime
 from ..runtime.arrays import CallArrays, DeviceArray, as_device_array, contiguous_strides
-from .checks import (Memo, check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim, check_same_device, check_shape, check_stages, resolve_scale)
+from .checks import (Memo, check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim,
+                     check_rows_contiguous, check_same_device, check_shape, check_stages, resolve_scale)
 from .kda_variant import KdaFlags, KdaVariant, resolve_variant
 
 HEAD_DIMS = (64, 128)
@@ -314,7 +315,10 @@ def validate_kda(q: DeviceArray, k: DeviceArray, v: DeviceArray, g: DeviceArray,
             continue
         check_dtype(s, name, STATE_DTYPES)
         check_shape(s, name, (rows, H, K, K), state_layout)
-        check_contiguous(s, name)
+        if state_indices is not None:   # a pool: its rows may be a view's, any distance apart
+            check_rows_contiguous(s, name)
+        else:
+            check_contiguous(s, name)
         check_aligned(s, name, 8)
         if state_dtype is not None and s.dtype != state_dtype:
             raise TypeError(f"final_state must have the dtype of initial_state ({state_dtype}); got {s.dtype}")
@@ -350,8 +354,8 @@ def v_tensor_maps(v: DeviceArray, vs: int, chunk: int) -> runtime.TiledMaps:
 # the kernels' parameters, in order, as `runtime.signature` gives them (pointers as int)
 I32, I64, F32 = np.int32, np.int64, np.float32
 PREPARE_SIGNATURE = (int, I64, I64, I64) * 4 + (int, int, int, I32, I32, I32, F32, F32, int)
-RECURRENCE_SIGNATURE = (128, int, int, I32, I32, I32, int, I64, I64, I64, int, int, I32, int, I32, I32, int, I32, I32,
-                        int, int, I32, I64)
+RECURRENCE_SIGNATURE = (128, int, int, I32, I32, I32, int, I64, I64, I64, int, int, I32, int, I32, I32, I64, int,
+                        I32, I32, int, int, I32, I64)
 SCAN_SIGNATURE = (int, I32, I32, int, I32, I32, I32, int)
 
 
@@ -385,7 +389,8 @@ class KdaCall(NamedTuple):
     v_maps: runtime.TiledMaps | None   # None without tokens or sequences (the map is then never read)
     in_strides: tuple                # q, k, g, beta: 3 element strides each (np.int64)
     o_strides: tuple                 # of out (given or new): batch, token, head
-    scalars: tuple                   # cu_is64, N, T, lower_bound, scale, state_bf16, idx_is64, pool rows, segments
+    scalars: tuple                   # cu_is64, N, T, lower_bound, scale, state_bf16, idx_is64, pool rows and
+                                     # their stride, segments
     pooled: bool                     # the final states go back into the pool (initial_state)
     new_final: bool                  # a final-state array is made by the call
     returns_final: bool              # the call returns the final state (or the pool)
@@ -482,7 +487,8 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
     want_final = bool(output_final_state) or final_state is not None or pooled
     scalars = (I32(cu_seqlens is not None and cu_seqlens.dtype == "int64"), I32(N), I32(T),
                F32(p.variant.lower_bound), F32(scale), I32(p.state_dtype == "bfloat16"),
-               I32(pooled and state_indices.dtype == "int64"), I32(p.pool_rows), I32(seg.chunks), I32(seg.split_above))
+               I32(pooled and state_indices.dtype == "int64"), I32(p.pool_rows),
+               I64(initial_state.strides[0] if pooled else H * K * K), I32(seg.chunks), I32(seg.split_above))
     return KdaCall(p, plan, prepare, map_pass, scan, total_scan, recurrence, v_maps, in_strides, o_strides, scalars,
                    pooled, want_final and final_state is None and not pooled,
                    want_final and (output_final_state or not pooled), _workspace_layout(p, plan), checkpoints)
@@ -621,7 +627,8 @@ def _run(call: KdaCall, arrays: CallArrays, q, stream, out, initial_state, final
         return arrays.result(out), returned, ckpt
 
     strm = arrays.stream(stream)
-    cu_is64, n_seq, T, lower_bound, scale, state_bf16, idx_is64, pool_rows, seg_chunks, split_above = call.scalars
+    cu_is64, n_seq, T, lower_bound, scale, state_bf16, idx_is64, pool_rows, row_stride, seg_chunks, split_above = \
+        call.scalars
     nbytes, maps_at = call.workspace
     ws_owner, records = runtime.workspace(q, strm, nbytes)   # held to the last launch
     maps = records + maps_at if seg_chunks else 0
@@ -630,8 +637,8 @@ def _run(call: KdaCall, arrays: CallArrays, q, stream, out, initial_state, final
         call.prepare.launcher(call.prepare.config, (q_p, *s[0:3], k_p, *s[3:6], g_p, *s[6:9], b_p, *s[9:12], a_p, dt_p,
                                                     cu_p, cu_is64, n_seq, T, lower_bound, scale, records), strm)
     rec_args = (call.v_maps(v_p) if call.v_maps else bytes(128), records, cu_p, cu_is64, T, n_seq, o_p,
-                *call.o_strides, s0_p, fs_p, state_bf16, idx_p, idx_is64, pool_rows, hi_p, seg_chunks, split_above, maps,
-                ck_p, every, ck_rows)
+                *call.o_strides, s0_p, fs_p, state_bf16, idx_p, idx_is64, pool_rows, row_stride, hi_p, seg_chunks,
+                split_above, maps, ck_p, every, ck_rows)
     scan_args = (maps, seg_chunks, split_above, cu_p, cu_is64, T, n_seq)
     if call.map_pass:   # segments: pass 1, the scan(s)
         call.map_pass.launcher(call.map_pass.config, rec_args, strm)

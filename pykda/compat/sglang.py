@@ -1,0 +1,92 @@
+"""SGLang's KDA calls (its `fla` kernels' signatures, as its Kimi Linear backend makes them) on
+pykda's ops: `from pykda.compat.sglang import chunk_kda, fused_sigmoid_gating_delta_rule_update`.
+
+SGLang's conventions, kept here:
+- state pools are V-first, `[P, H, V, K]`, updated in place at `initial_state_indices` (negative:
+  padding); a pool may be a view whose rows lie further apart (pykda reads the row stride);
+- prefill (`chunk_kda`) takes β as probabilities and computes the gate in the kernel when
+  `A_log` is given (Kimi Linear's softplus gate, or with `lower_bound` the bounded one), else
+  takes `g` as the log-decay; it returns the output only;
+- decode (`fused_sigmoid_gating_delta_rule_update`, `is_kda=True`) takes the raw gate `a` and β
+  as logits (`b`), and returns the output only.
+Arguments pykda cannot honour raise ValueError by name; none is dropped silently.
+"""
+from __future__ import annotations
+
+from ..ops.kda import chunk_kda as _chunk_kda
+from ..ops.kda_decode import fused_recurrent_kda as _fused_recurrent_kda
+
+SOFTPLUS_THRESHOLD_MIN = 15.0   # pykda's softplus is exact to fp32 there (kda_math.cuh); a lower threshold is not
+
+
+def _no_extra(name: str, kwargs: dict) -> None:
+    if kwargs:
+        raise ValueError(f"{name}: arguments pykda does not take: {', '.join(sorted(kwargs))}")
+
+
+def _gate_flags(A_log, lower_bound) -> dict:
+    """pykda's gate keywords for SGLang's: the gate in the kernel exactly when A_log is given."""
+    if A_log is None:
+        if lower_bound is not None:
+            raise ValueError("lower_bound is given without A_log: the bounded gate is computed from A_log")
+        return {}
+    return dict(use_gate_in_kernel=True, safe_gate=lower_bound is not None, lower_bound=lower_bound)
+
+
+def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, initial_state_indices=None,
+              use_qk_l2norm_in_kernel: bool = False, cu_seqlens=None, A_log=None, dt_bias=None,
+              lower_bound: float | None = None, **kwargs):
+    """SGLang's prefill: q, k, v [1, T, H, K] bf16 packed by `cu_seqlens`; g the raw gate (with
+    A_log) or the log-decay; beta [1, T, H] probabilities; the pool `initial_state` [P, H, V, K]
+    read and written in place at rows `initial_state_indices` [N] (without indices: row n, a
+    [N, H, V, K] state updated in place). Returns o [1, T, H, V]."""
+    _no_extra("chunk_kda", kwargs)
+    if initial_state is None and initial_state_indices is not None:
+        raise ValueError("initial_state_indices is given without initial_state (the pool)")
+    pool = dict(initial_state=initial_state)
+    if initial_state_indices is not None:
+        pool["state_indices"] = initial_state_indices
+    elif initial_state is not None:
+        pool["final_state"] = initial_state   # updated in place, as the pool would be
+    o, _ = _chunk_kda(q, k, v, g, beta, scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                      state_v_first=True, cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias,
+                      **_gate_flags(A_log, lower_bound), **pool)
+    return o
+
+
+def fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta: float, softplus_threshold: float, q, k,
+                                           v, b, initial_state_source, initial_state_indices,
+                                           scale: float | None = None, use_qk_l2norm_in_kernel: bool = False,
+                                           cu_seqlens=None, is_kda: bool = False, lower_bound: float | None = None,
+                                           disable_state_update: bool = False, intermediate_states_buffer=None,
+                                           intermediate_state_indices=None, cache_steps=None,
+                                           retrieve_parent_token=None, **kwargs):
+    """SGLang's decode step for KDA (`is_kda=True`): q, k, v [B, T, H, K] (decode: [1, N, H, K]
+    with `cu_seqlens`), the raw gate `a` (q's element count, any shape that reshapes to q's) and
+    β logits `b` (reshaping to [B, T, H]); Kimi Linear's gate -exp(A_log) · softplus(a + dt_bias)
+    (or, with `lower_bound`, the bounded one); the pool `initial_state_source` [P, H, V, K] advanced
+    in place at rows `initial_state_indices` [N]. Returns o [B, T, H, V]."""
+    _no_extra("fused_sigmoid_gating_delta_rule_update", kwargs)
+    if not is_kda:
+        raise ValueError("is_kda=False is SGLang's gated delta net (a scalar gate per head): pykda runs KDA only")
+    if softplus_beta != 1.0 or softplus_threshold < SOFTPLUS_THRESHOLD_MIN:
+        raise ValueError(f"pykda's softplus has beta 1 and is exact past {SOFTPLUS_THRESHOLD_MIN:g}: softplus_beta "
+                         f"must be 1.0 and softplus_threshold >= {SOFTPLUS_THRESHOLD_MIN:g}; got {softplus_beta}, "
+                         f"{softplus_threshold}")
+    unsupported = dict(disable_state_update=disable_state_update or None,
+                       intermediate_states_buffer=intermediate_states_buffer,
+                       intermediate_state_indices=intermediate_state_indices, cache_steps=cache_steps,
+                       retrieve_parent_token=retrieve_parent_token)
+    given = [n for n, x in unsupported.items() if x is not None]
+    if given:
+        raise ValueError(f"fused_sigmoid_gating_delta_rule_update: SGLang's target-verify arguments are not supported "
+                         f"by pykda ({', '.join(given)}); pykda's speculative decode is fused_recurrent_kda's "
+                         f"2-D state_indices with num_accepted_tokens")
+    if A_log is None:
+        raise ValueError("A_log is required: the gate is computed from the raw gate a in the kernel")
+    o, _ = _fused_recurrent_kda(q, k, v, a.reshape(tuple(q.shape)), b.reshape(tuple(q.shape[:3])), A_log=A_log,
+                                dt_bias=dt_bias, scale=scale, initial_state=initial_state_source,
+                                state_indices=initial_state_indices, cu_seqlens=cu_seqlens,
+                                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel=True,
+                                state_v_first=True, **_gate_flags(A_log, lower_bound))
+    return o

@@ -1,0 +1,69 @@
+"""GPU tests of pykda.compat.sglang against the float64 recurrence (run on the H200): SGLang's
+prefill on a pool view, then its decode step, give what the reference gives for the same
+tokens, with SGLang's meanings of β (probabilities in prefill, logits in decode) and the gate."""
+import numpy as np
+import pytest
+
+from pykda import reference
+from pykda.compat import sglang
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+TOL = 5e-3
+H, K, P = 2, 128, 7
+LENGTHS = [40, 1, 77]
+ROWS = [5, -1, 2]   # sequence 1 is padding
+
+
+def f64(t):
+    return t.double().cpu().numpy()
+
+
+def cu_of(lengths):
+    return torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32, device="cuda")
+
+
+def inputs(T, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=gen, device="cuda")   # noqa: E731
+    bf = torch.bfloat16
+    return dict(q=rnd(1, T, H, K).to(bf), k=rnd(1, T, H, K).to(bf), v=rnd(1, T, H, K).to(bf),
+                g=rnd(1, T, H, K).to(bf), b=rnd(1, T, H).to(bf))
+
+
+@pytest.mark.parametrize("lower_bound", [None, -5.0])
+def test_prefill_then_decode_as_sglang_calls_them(lower_bound):
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    A_log = torch.log(1 + 15 * torch.rand(H, generator=gen, device="cuda"))
+    dt_bias = 0.5 * torch.randn(H * K, generator=gen, device="cuda")
+    cache = 0.05 * torch.randn(P, 2, H, K, K, generator=gen, device="cuda")   # two layers per slot
+    pool = cache[:, 1]                                                           # this layer's rows
+    before, other_layer = pool.clone(), cache[:, 0].clone()
+    idx = torch.tensor(ROWS, dtype=torch.int32, device="cuda")
+    N = len(LENGTHS)
+    pre, step = inputs(sum(LENGTHS), 11), inputs(N, 12)
+    o = sglang.chunk_kda(pre["q"], pre["k"], pre["v"], pre["g"], torch.sigmoid(pre["b"].float()),
+                         initial_state=pool, initial_state_indices=idx, use_qk_l2norm_in_kernel=True,
+                         cu_seqlens=cu_of(LENGTHS), A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound)
+    o1 = sglang.fused_sigmoid_gating_delta_rule_update(
+        A_log, step["g"].reshape(N, H * K), dt_bias, 1.0, 20.0, step["q"], step["k"], step["v"],
+        step["b"].reshape(N, H), pool, idx, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_of([1] * N), is_kda=True,
+        lower_bound=lower_bound)
+
+    # the reference: each sequence's prefill tokens then its decode token, from its pool row
+    opts = dict(gate="softplus" if lower_bound is None else "safe", lower_bound=lower_bound, beta_form="logit",
+                qk_norm=True)
+    s0 = np.stack([f64(before[r]) if r >= 0 else np.zeros((H, K, K)) for r in ROWS])
+    cu = np.concatenate([[0], np.cumsum(LENGTHS)])
+    for n, (a, e) in enumerate(zip(cu[:-1], cu[1:])):
+        tok = {name: np.concatenate([f64(pre[name][:, a:e]), f64(step[name][:, n:n + 1])], axis=1) for name in pre}
+        o_ref, s_ref = reference.kda_recurrent(tok["q"], tok["k"], tok["v"], tok["g"], tok["b"], A_log=f64(A_log),
+                                               dt_bias=f64(dt_bias), initial_state=s0[n:n + 1], **opts)
+        if ROWS[n] < 0:   # padding: zero outputs, no row touched
+            assert not o1[0, n].any()
+            continue
+        assert reference.relative_error(f64(o[0, a:e]), o_ref[0, :-1]) <= TOL, n
+        assert reference.relative_error(f64(o1[0, n]), o_ref[0, -1]) <= TOL, n
+        assert reference.relative_error(f64(pool[ROWS[n]]), s_ref[0]) <= TOL, n
+    untouched = [r for r in range(P) if r not in ROWS]
+    assert torch.equal(pool[untouched], before[untouched]) and torch.equal(cache[:, 0], other_layer)
