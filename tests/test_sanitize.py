@@ -1,6 +1,6 @@
 """CPU tests of `python -m pykda sanitize`: reading compute-sanitizer logs (fake ones, in the
-formats the tools print), the known racecheck finding in kda_recurrence, the command lines, the
-missing-tool error, a whole run against a fake compute-sanitizer, and the test ids themselves
+formats the tools print; any report of any tool fails, kda_recurrence's racecheck reports too),
+the command lines, the missing-tool error, a whole run against a fake compute-sanitizer, and the test ids themselves
 (collected by pytest, so a renamed GPU test fails here)."""
 import importlib.util
 import os
@@ -16,13 +16,13 @@ from pykda import sanitize
 from pykda.__main__ import main as cli_main
 
 ROOT = Path(__file__).resolve().parent.parent
-KNOWN_TEXT = "known: kda_recurrence (racecheck blind spot, see templates/kda_recurrence.cu.j2)"
 
 PASSED = "....................................                                     [100%]\n36 passed in 412.07s (0:06:52)\n"
 
 CLEAN_MEMCHECK = "========= COMPUTE-SANITIZER\n" + PASSED + "========= ERROR SUMMARY: 0 errors\n"
 
-# kda_recurrence's WAR reports: the one-line form, and the form that breaks after "at"
+# racecheck's reports of the shipped kda_recurrence (one arrive per warp), which the PYKDA_SANITIZE
+# build no longer gives: the one-line form, and the form that breaks after "at"
 RACE_KDA = """\
 ========= COMPUTE-SANITIZER
 ========= Error: Race reported between Write access at kda_recurrence+0x2b30
@@ -64,15 +64,37 @@ def test_clean_memcheck_passes():
     line = r.line()
     assert line.startswith("memcheck  PASS")
     assert "36 passed in 412.07s (0:06:52)" in line and "ERROR SUMMARY: 0 errors" in line
-    assert "kernels: none" in line and "known:" not in line
+    assert "kernels: none" in line and "failed:" not in line
 
 
-def test_racecheck_with_kda_recurrence_hazards_only_passes_as_known():
-    r = sanitize.analyse("racecheck", racecheck_log(RACE_KDA, 2), rc=0)
+def test_clean_racecheck_passes():
+    """The H200's line for the PYKDA_SANITIZE build over every test."""
+    log = "========= COMPUTE-SANITIZER\n" + racecheck_log("", 0).replace("0 hazard ", "0 hazards ")
+    r = sanitize.analyse("racecheck", log, rc=0)
     assert r.ok, r.problems
+    assert r.line() == ("racecheck PASS | 36 passed in 412.07s (0:06:52) | "
+                        "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings) | kernels: none")
+
+
+def test_racecheck_reports_in_kda_recurrence_fail():
+    """Its WAR reports were once a listed finding; now they fail like any report."""
+    r = sanitize.analyse("racecheck", racecheck_log(RACE_KDA, 2), rc=0)
+    assert not r.ok and r.problems == ["2 sanitizer reports"] and r.kernels == {"kda_recurrence": 2}
     line = r.line()
+    assert line.startswith("racecheck FAIL")
     assert "RACECHECK SUMMARY: 2 hazards displayed (2 errors, 0 warnings)" in line
-    assert KNOWN_TEXT in line and "kernels: none" in line and line.startswith("racecheck PASS")
+    assert "kernels: kda_recurrence (2)" in line and line.endswith("failed: 2 sanitizer reports")
+    assert "known" not in line
+
+
+@pytest.mark.parametrize("tool", sanitize.TOOLS)
+def test_one_report_of_any_tool_fails(tool):
+    if tool == "racecheck":
+        log = racecheck_log(RACE_KDA.split("=========\n", 2)[0] + "=========\n", 1)
+    else:
+        log = memcheck_report("kda_recurrence", 0x2b30) + PASSED + "========= ERROR SUMMARY: 1 error\n"
+    r = sanitize.analyse(tool, log, rc=0)
+    assert not r.ok and r.problems == ["1 sanitizer report"] and r.kernels == {"kda_recurrence": 1}
 
 
 def test_a_full_racecheck_hazard_table_fails_and_is_named():
@@ -80,11 +102,13 @@ def test_a_full_racecheck_hazard_table_fails_and_is_named():
     report, as on the H200) means hazards were dropped: the run cannot pass, and says what to raise."""
     full = ("========= Warning: Maximum number of hazards reached. Environment variable "
             "NV_COMPUTE_SANITIZER_MAX_RACECHECK_HAZARDS can be used to increase this count.\n=========\n")
+    table = "the hazard table filled up, reports may be missing (raise NV_COMPUTE_SANITIZER_MAX_RACECHECK_HAZARDS)"
+    log = full + PASSED + "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 1 warnings)\n"
+    r = sanitize.analyse("racecheck", log, rc=0)
+    assert r.problems == [table] and "kernels: none" in r.line() and r.line().startswith("racecheck FAIL")
     log = full + RACE_KDA + PASSED + "========= RACECHECK SUMMARY: 2 hazards displayed (1 errors, 1 warnings)\n"
     r = sanitize.analyse("racecheck", log, rc=0)
-    assert r.problems == ["the hazard table filled up, reports may be missing (raise "
-                          "NV_COMPUTE_SANITIZER_MAX_RACECHECK_HAZARDS)"]
-    assert KNOWN_TEXT in r.line() and "kernels: none" in r.line()
+    assert r.problems == ["2 sanitizer reports", table] and "kernels: kda_recurrence (2)" in r.line()
 
 
 def test_racecheck_runs_with_a_large_hazard_table(monkeypatch, tmp_path):
@@ -126,13 +150,13 @@ def test_racecheck_alone_checks_kernels_built_for_it(monkeypatch, tmp_path):
     assert seen["env"]["PYKDA_SANITIZE"] == "1"
 
 
-def test_racecheck_hazard_in_another_kernel_fails():
+def test_racecheck_reports_are_counted_by_kernel():
     other = ("========= Error: Race reported between Write access at decode_partial+0x450\n"
              "=========     and Read access at decode_partial+0x5a0 [32 hazards]\n=========\n")
     r = sanitize.analyse("racecheck", racecheck_log(RACE_KDA + other, 3), rc=0)
-    assert not r.ok and r.problems == ["1 report not known"]
+    assert not r.ok and r.problems == ["3 sanitizer reports"]
     line = r.line()
-    assert "kernels: decode_partial (1)" in line and KNOWN_TEXT in line and "FAIL" in line
+    assert "kernels: decode_partial (1), kda_recurrence (2)" in line and line.startswith("racecheck FAIL")
 
 
 def test_reports_after_pytest_progress_marks_are_read():
@@ -140,15 +164,15 @@ def test_reports_after_pytest_progress_marks_are_read():
     other = ("....========= Error: Race reported between Write access at decode_partial+0x450\n"
              "=========     and Read access at decode_partial+0x5a0 [32 hazards]\n=========\n")
     r = sanitize.analyse("racecheck", racecheck_log(RACE_KDA.replace("========= Error", "..========= Error", 1) + other, 3), rc=0)
-    assert r.problems == ["1 report not known"] and r.kernels == {"decode_partial": 1}
-    assert sum(r.known.values()) == 2
+    # all three read (none left uncounted: "counted but not printed" would say so)
+    assert r.problems == ["3 sanitizer reports"] and r.kernels == {"decode_partial": 1, "kda_recurrence": 2}
 
 
-def test_racecheck_write_write_race_in_kda_recurrence_is_not_the_blind_spot():
+def test_racecheck_write_write_race_is_read():
     waw = ("========= Error: Race reported between Write access at kda_recurrence+0x900\n"
            "=========     and Write access at kda_recurrence+0x900 [124 hazards]\n=========\n")
     r = sanitize.analyse("racecheck", racecheck_log(waw, 1), rc=0)
-    assert not r.ok and r.kernels == {"kda_recurrence": 1}
+    assert r.problems == ["1 sanitizer report"] and r.kernels == {"kda_recurrence": 1}
 
 
 def test_racecheck_hazard_report_form():
@@ -159,15 +183,10 @@ def test_racecheck_hazard_report_form():
         =========     Current Value : 0
         =========
         """)
-    assert sanitize.analyse("racecheck", racecheck_log(war, 1), rc=0).ok
-    raw = war.replace("WAR", "RAW")
-    assert not sanitize.analyse("racecheck", racecheck_log(raw, 1), rc=0).ok
-
-
-def test_the_known_finding_is_racecheck_only():
-    log = memcheck_report("kda_recurrence", 0x2b30) + PASSED + "========= ERROR SUMMARY: 1 error\n"
-    r = sanitize.analyse("memcheck", log, rc=0)
-    assert not r.ok and r.kernels == {"kda_recurrence": 1} and not r.known
+    for kind in ("WAR", "RAW", "WAW"):
+        r = sanitize.analyse("racecheck", racecheck_log(war.replace("WAR", kind), 1), rc=0)
+        assert r.problems == ["1 sanitizer report"] and r.kernels == {"kda_recurrence": 1}
+        assert sanitize.parse_reports(war.replace("WAR", kind))[0].hazard == kind
 
 
 def test_error_summary_of_three_errors_fails():
@@ -176,7 +195,7 @@ def test_error_summary_of_three_errors_fails():
            "=========     Saved host backtrace up to driver entry point at error\n=========\n"
            + PASSED + "========= ERROR SUMMARY: 3 errors\n")
     r = sanitize.analyse("initcheck", log, rc=0)
-    assert not r.ok and r.problems == ["3 reports not known"]
+    assert not r.ok and r.problems == ["3 sanitizer reports"]
     line = r.line()
     assert "ERROR SUMMARY: 3 errors" in line
     assert "kernels: (no kernel: host/API) (1), kda_decode (2)" in line
@@ -186,10 +205,10 @@ def test_errors_beyond_the_print_limit_fail():
     log = memcheck_report("kda_prepare", 0x10) + PASSED + "========= ERROR SUMMARY: 40 errors\n"
     r = sanitize.analyse("memcheck", log, rc=0)
     assert "39 counted but not printed (raise --print-limit)" in r.problems
-    # racecheck: more hazards counted than printed, all printed ones known
+    # racecheck: more hazards counted than printed
     r = sanitize.analyse("racecheck", RACE_KDA + PASSED
                          + "========= RACECHECK SUMMARY: 2 hazards displayed (5 errors, 0 warnings)\n", rc=0)
-    assert r.problems == ["3 counted but not printed (raise --print-limit)"]
+    assert r.problems == ["2 sanitizer reports", "3 counted but not printed (raise --print-limit)"]
 
 
 def test_pytest_failure_fails():
@@ -291,12 +310,14 @@ def test_unknown_tool_on_the_command_line(capsys):
 
 
 FAKE_SANITIZER = """#!{python}
+import os
 import sys
 tool = sys.argv[sys.argv.index("--tool") + 1]
 ids = [a for a in sys.argv if "::" in a]
 print("========= COMPUTE-SANITIZER")
 print("." * len(ids))
-if tool == "racecheck":
+sanitize_build = os.environ.get("PYKDA_SANITIZE") == "1"
+if tool == "racecheck" and not sanitize_build:   # the shipped kda_recurrence's hand-back
     print("========= Error: Race reported between Write access at kda_recurrence+0x2b30")
     print("=========     and Read access at kda_recurrence+0x1f40 [6944 hazards]")
     print("=========")
@@ -306,7 +327,9 @@ if tool == "initcheck":
     print("=========     by thread (0,0,0) in block (0,0,0)")
     print("=========")
 print(f"{{len(ids)}} passed in 1.00s")
-if tool == "racecheck":
+if tool == "racecheck" and sanitize_build:
+    print("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)")
+elif tool == "racecheck":
     print("========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)")
 else:
     print(f"========= ERROR SUMMARY: {{1 if tool == 'initcheck' else 0}} error{{'' if tool == 'initcheck' else 's'}}")
@@ -325,10 +348,12 @@ def test_a_whole_run_against_a_fake_sanitizer(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"{len(sanitize.TESTS)} tests under {exe} (memcheck, racecheck); logs in {logs}"
     assert out[1].startswith(f"memcheck  PASS | {len(sanitize.TESTS)} passed in 1.00s | ERROR SUMMARY: 0 errors")
-    assert out[2].startswith("racecheck PASS") and KNOWN_TEXT in out[2]
-    assert out[3].startswith("sanitize: clean (memcheck, racecheck")
+    # racecheck ran the PYKDA_SANITIZE build: the fake reports kda_recurrence otherwise
+    assert out[2] == (f"racecheck PASS | {len(sanitize.TESTS)} passed in 1.00s | "
+                      "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings) | kernels: none")
+    assert out[3] == f"sanitize: clean (memcheck, racecheck); logs in {logs}"
     log = (logs / "racecheck.log").read_text()
-    assert log.startswith(f"$ {exe} --tool racecheck --print-limit 10000 ") and "kda_recurrence+0x2b30" in log
+    assert log.startswith(f"$ {exe} --tool racecheck --print-limit 10000 ") and "kda_recurrence+0x2b30" not in log
     assert cli_main(["sanitize", "--tool", "initcheck", "--log-dir", str(logs), "--print-limit", "7"]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[1].startswith("initcheck FAIL") and "kernels: kda_decode (1)" in out[1]
