@@ -1,8 +1,9 @@
-"""pykda's four ops as torch custom ops (namespace ``pykda``), for ``torch.compile`` and CUDA graphs.
+"""pykda's ops as torch custom ops (namespace ``pykda``), for ``torch.compile`` and CUDA graphs.
 
 Importing this module (``import pykda.torch_ops``, or touching ``pykda.torch_ops``) registers
 ``torch.ops.pykda.single_decode_with_kv_cache``, ``batch_decode_with_padded_kv_cache``,
-``chunk_kda`` and ``fused_recurrent_kda``; ``import pykda`` alone never imports torch. Each op
+``paged_decode_run`` (``BatchDecodeWithPagedKVCache.run``), ``chunk_kda`` and
+``fused_recurrent_kda``; ``import pykda`` alone never imports torch. Each op
 has a fake (meta) implementation, so ``torch.compile`` traces it without running it (output
 shapes and dtypes from the arguments' shapes, symbolic ones included), and declares the
 arguments it writes in place (``mutates_args``), so functionalization and Inductor keep the
@@ -14,7 +15,16 @@ Two ways in, with pykda's keywords:
 
 - ``pykda.torch_ops.chunk_kda(...)`` etc.: thin wrappers that return exactly what the eager
   functions return (``o`` or ``(o, lse)``; ``(o, final_state | None)``; ``(o, pool | None)``),
-  in place buffers included. Use these in models.
+  in place buffers included. Use these in models. Paged decode: make the wrapper
+  ``pykda.torch_ops.BatchDecodeWithPagedKVCache`` (a subclass of pykda's), ``plan()`` it on the
+  host outside the compiled code as before, and call ``dec.run(q, k_cache, v_cache, out=...,
+  return_lse=...)`` inside it: run() hands the plan to ``paged_decode_run`` as tensors (its
+  int32 tables and page ids, graph inputs: a new plan's page ids and lengths reach a compiled
+  step, and a recorded CUDA graph, without recompiling) and numbers (the fields of its
+  ``PagedLayout``, constants of the graph: dynamo guards on them, so a plan with another batch
+  size or another longest request compiles the step again; automatic dynamic shapes turn the
+  longest request into a symbolic int after one recompile only where the wrapper is a local or
+  closure variable of the compiled function, not an ``nn.Module`` attribute or a global).
 - ``torch.ops.pykda.<op>(...)``: the raw ops. A custom op cannot return (an alias of) one of
   its inputs, so every result slot that the eager function fills in place comes back as an
   EMPTY PLACEHOLDER (0 elements) and the result is in the buffer you passed:
@@ -26,6 +36,12 @@ Two ways in, with pykda's keywords:
                                    with ``out=`` (read ``out``); lse [num_qo_heads] fp32 with
                                    ``return_lse=True``, else a placeholder
   batch_decode_with_padded_kv_cache  the same with a leading batch dim
+  paged_decode_run                 the same with a leading batch dim; arguments (q, k_cache,
+                                   v_cache, tables, indices, the 11 ``PagedLayout`` fields in
+                                   order, out=None, *, return_lse=False): the plan of a
+                                   ``BatchDecodeWithPagedKVCache`` is ``dec._tables``,
+                                   ``dec._indices``, ``*dec._layout``; v_cache is required
+                                   (the wrapper unpacks run()'s ``(k_cache, v_cache)`` pair)
   chunk_kda                        (o, final_state): o as above (``out=``); final_state new
                                    [N, H, K, K] (initial_state's dtype, fp32 without one) only
                                    with ``output_final_state=True`` and neither ``final_state=``
@@ -44,7 +60,8 @@ pools and ``out=`` buffers with ``torch._dynamo.mark_static_address`` (serving e
 for their caches); otherwise it skips the graph ("mutated inputs") and runs the step without one.
 
 Differences from the eager functions, each because an op's arguments are tensors and numbers:
-no ``stream=`` (the ops launch on torch's current stream: ``with torch.cuda.stream(s):``);
+no ``stream=`` (the ops launch on torch's current stream: ``with torch.cuda.stream(s):``;
+the paged wrapper's ``run(stream=...)``, or CuPy arrays, take pykda's eager path, untraceable);
 chunk_kda's ``cp_context`` must be None; the wrappers drop chunk_kda's ``cu_seqlens_cpu``, a
 planning hint only (a CPU tensor in a compiled graph would keep Inductor from recording a CUDA
 graph), so the ops plan segments as without it. Tensor arguments that are keyword-only in the eager functions
@@ -68,8 +85,10 @@ except ImportError as exc:   # pragma: no cover - the module is imported only on
 from .ops import decode as _decode
 from .ops import kda as _kda
 from .ops import kda_decode as _kda_decode
+from .ops import paged_decode as _paged
 
-__all__ = ["single_decode_with_kv_cache", "batch_decode_with_padded_kv_cache", "chunk_kda", "fused_recurrent_kda"]
+__all__ = ["single_decode_with_kv_cache", "batch_decode_with_padded_kv_cache", "BatchDecodeWithPagedKVCache",
+           "chunk_kda", "fused_recurrent_kda"]
 
 Tensor = torch.Tensor
 
@@ -151,6 +170,29 @@ def _batch_decode_op(q: Tensor, k: Tensor, v: Tensor, kv_lens: Optional[Tensor] 
 @_batch_decode_op.register_fake
 def _(q, k, v, kv_lens=None, out=None, *, kv_layout="NHD", scale=None, return_lse=False, chunk_size=None,
       stages=None):
+    return _decode_results(q, out, return_lse)
+
+
+@_register("paged_decode_run", mutates_args=("out",))
+def _paged_decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, tables: Tensor, indices: Tensor, batch: int,
+                     q_heads: int, kv_heads: int, head_dim: int, page_size: int, kv_layout: str, max_rows: int,
+                     device: int, scale: float, chunk_size: Optional[int], stages: Optional[int],
+                     out: Optional[Tensor] = None, *, return_lse: bool = False) -> Tuple[Tensor, Tensor]:
+    """pykda.BatchDecodeWithPagedKVCache.run as a torch op, the plan given by its tensors (the
+    wrapper's int32 `_tables` and its page ids `_indices`) and the fields of its `PagedLayout`
+    (batch ... stages, in order); returns (o, lse), each a placeholder (0 elements) where `out`
+    was written or no LSE was asked for."""
+    layout = _paged.PagedLayout(batch, q_heads, kv_heads, head_dim, page_size, kv_layout, max_rows, device, scale,
+                                chunk_size, stages)
+    tables_ptr, indices_ptr = _paged.planned_pointers(layout, tables, indices)
+    r = _paged.run_planned(layout, tables_ptr, indices_ptr, q, k_cache, v_cache, out, return_lse)
+    o, lse = r if return_lse else (r, None)
+    return (o if out is None else _placeholder(q)), (lse if return_lse else _placeholder(q))
+
+
+@_paged_decode_op.register_fake
+def _(q, k_cache, v_cache, tables, indices, batch, q_heads, kv_heads, head_dim, page_size, kv_layout, max_rows,
+      device, scale, chunk_size, stages, out=None, *, return_lse=False):
     return _decode_results(q, out, return_lse)
 
 
@@ -247,6 +289,7 @@ def _(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None
 # the op overloads the wrappers call (what torch.compile records)
 _SINGLE = torch.ops.pykda.single_decode_with_kv_cache.default
 _BATCH = torch.ops.pykda.batch_decode_with_padded_kv_cache.default
+_PAGED = torch.ops.pykda.paged_decode_run.default
 _CHUNK = torch.ops.pykda.chunk_kda.default
 _RECURRENT = torch.ops.pykda.fused_recurrent_kda.default
 
@@ -275,6 +318,41 @@ def batch_decode_with_padded_kv_cache(q, k, v, *, kv_layout: str = "NHD", kv_len
                     chunk_size=chunk_size, stages=stages)
     o = o if out is None else out
     return (o, lse) if return_lse else o
+
+
+class BatchDecodeWithPagedKVCache(_paged.BatchDecodeWithPagedKVCache):
+    """`pykda.BatchDecodeWithPagedKVCache` whose `run()` goes through torch.ops.pykda.paged_decode_run
+    (traceable by torch.compile): plan on the host as before (outside the compiled code), then
+    call `run()` in it; same arguments, same results.
+
+        dec = pykda.torch_ops.BatchDecodeWithPagedKVCache("NHD")
+        dec.plan(kv_indptr, kv_indices, kv_last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size)
+        step = torch.compile(lambda q: dec.run(q, k_cache, v_cache), fullgraph=True)
+
+    The plan reaches the op as tensors (its int32 tables and the page ids: graph inputs, so a new
+    plan's page ids and lengths are seen without recompiling) and numbers (its `PagedLayout`:
+    constants of the graph, guarded, so a plan with another batch, longest request, ... compiles
+    again). `run()` takes pykda's eager path where the op cannot: `stream=` given, or an array
+    that is not a torch tensor (CuPy inputs, or a plan made from CuPy kv_indices)."""
+
+    def run(self, q, k_cache, v_cache=None, *, out=None, return_lse: bool = False, stream=None):
+        if self._layout is None:
+            raise RuntimeError("BatchDecodeWithPagedKVCache: call plan() before run()")
+        if v_cache is None and isinstance(k_cache, tuple):
+            k_cache, v_cache = k_cache
+        if stream is not None or not _all_tensors(q, k_cache, v_cache, self._tables, self._indices) or not (
+                out is None or isinstance(out, Tensor)):
+            return super().run(q, k_cache, v_cache, out=out, return_lse=return_lse, stream=stream)
+        o, lse = _PAGED(q, k_cache, v_cache, self._tables, self._indices, *self._layout, out, return_lse=return_lse)
+        o = o if out is None else out
+        return (o, lse) if return_lse else o
+
+
+def _all_tensors(*xs) -> bool:
+    for x in xs:
+        if not isinstance(x, Tensor):
+            return False
+    return True
 
 
 def chunk_kda(q, k, v, g, beta, scale: Optional[float] = None, initial_state=None, output_final_state: bool = False,

@@ -1,17 +1,23 @@
-"""pykda's ops as torch custom ops (pykda.torch_ops, issue 14): torch.compile and CUDA graphs.
+"""pykda's ops as torch custom ops (pykda.torch_ops, issues 14 and 13): torch.compile and CUDA graphs.
 
 CPU tests (no GPU; skipped without torch): importing pykda never imports torch and
 pykda.torch_ops touches no CUDA; the schemas declare the in-place arguments; the fake
 implementations give the results' shapes and dtypes on fake CUDA tensors; and, with CPU
 stand-ins in place of the eager functions (same contract: fresh results, buffers written in
 place), `torch.library.opcheck` passes and a step calling all four wrappers compiles with no
-graph break (aot_eager, static and dynamic shapes) and equals the uncompiled step.
+graph break (aot_eager, static and dynamic shapes) and equals the uncompiled step. Paged decode
+(torch_ops.BatchDecodeWithPagedKVCache, op paged_decode_run) the same way, with a plan set up
+on the host as plan() leaves it: a step calling run() compiles with no graph break, reads a new
+plan's tables without recompiling, and refuses a run before plan(); the op's plan arrays are
+checked (planned_pointers) before any launch.
 
 GPU tests: a serving step calling all four ops (flash decoding of one sequence and of a padded
 batch, Kimi Linear's prefill into a state pool, then decode on that pool) under
 torch.compile(fullgraph=True) equals pykda's eager calls bit for bit; under
 mode="reduce-overhead" (CUDA graphs recorded, none skipped) three calls with new data copied
-into the inputs do too; opcheck with the real kernels.
+into the inputs do too; opcheck with the real kernels. Paged decode (random page table, page size
+16, GQA 32/8, D 128, NHD): the compiled step's run() equals eager run() bit for bit, after a new
+plan too, and under reduce-overhead with new data and new page ids at each call.
 """
 import subprocess
 import sys
@@ -22,10 +28,13 @@ torch = pytest.importorskip("torch")
 
 import pykda   # noqa: E402
 from pykda import torch_ops as ops   # noqa: E402
+import numpy as np   # noqa: E402
 from pykda.ops import decode as _decode, kda as _kda, kda_decode as _kda_decode   # noqa: E402
+from pykda.ops import paged_decode as _paged   # noqa: E402
 
 OPS = {"single_decode_with_kv_cache": ("out",),
        "batch_decode_with_padded_kv_cache": ("out",),
+       "paged_decode_run": ("out",),
        "chunk_kda": ("initial_state", "out", "final_state"),
        "fused_recurrent_kda": ("initial_state", "out")}
 KIMI = dict(use_gate_in_kernel=True, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True)
@@ -47,7 +56,7 @@ def test_pykda_imports_without_torch_and_torch_ops_touches_no_cuda():
                   "import torch; import pykda.torch_ops\n"
                   "assert not torch.cuda.is_initialized()\n"
                   "print(sorted(n for n in ('single_decode_with_kv_cache', 'batch_decode_with_padded_kv_cache', "
-                  "'chunk_kda', 'fused_recurrent_kda') if hasattr(torch.ops.pykda, n)))")
+                  "'paged_decode_run', 'chunk_kda', 'fused_recurrent_kda') if hasattr(torch.ops.pykda, n)))")
     assert out.strip() == str(sorted(OPS))
     # torch absent: pykda is unchanged, pykda.torch_ops says what it needs
     out = _python("import sys; sys.modules['torch'] = None\n"
@@ -375,6 +384,206 @@ def test_step_compiles_without_graph_breaks_and_equals_eager(stand_ins, dynamic)
 
 
 # ------------------------------------------------------------------------------------------
+# CPU: paged decode (torch_ops.BatchDecodeWithPagedKVCache, op paged_decode_run)
+# ------------------------------------------------------------------------------------------
+
+PAGED = dict(hq=32, hkv=8, d=128, page_size=16)
+
+
+def page_table(lens, page_size, num_pages, gen):
+    """FlashInfer's kv_indptr, kv_indices (distinct random pages) and kv_last_page_len of
+    requests of `lens` rows (numpy int32)."""
+    pages = [-(-n // page_size) for n in lens]
+    indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+    last = np.array([n - (p - 1) * page_size if p else 0 for n, p in zip(lens, pages)], np.int32)
+    indices = torch.randperm(num_pages, generator=gen)[:max(int(indptr[-1]), 1)].to(torch.int32)
+    return indptr, indices, last
+
+
+def set_cpu_plan(dec, lens, num_pages=64, seed=0, **kw):
+    """What plan() leaves on `dec` (BatchDecodeWithPagedKVCache._set_tables), on the CPU: the
+    layout, the int32 tables (rows per request, then first page entries; rewritten in place while
+    they fit) and the page ids. Returns the page ids."""
+    hq, hkv, d, page_size = (kw.get(n, PAGED[n]) for n in ("hq", "hkv", "d", "page_size"))
+    indptr, indices, last = page_table(lens, page_size, num_pages, torch.Generator().manual_seed(seed))
+    rows = _paged.request_rows(indptr, last, indices.shape[0], page_size)
+    tables = torch.from_numpy(np.concatenate([rows, indptr[:-1]]).astype(np.int32))
+    if dec._tables is None or dec._tables.numel() < tables.numel():
+        dec._tables = torch.empty(tables.numel(), dtype=torch.int32)
+    dec._tables[:tables.numel()].copy_(tables)
+    dec._indices = indices
+    dec._layout = _paged.PagedLayout(len(lens), hq, hkv, d, page_size, dec.kv_layout, int(rows.max()), 0,
+                                     d ** -0.5, None, None)
+    return indices
+
+
+def stand_in_planned_pointers(layout, tables, indices):
+    return tables, indices   # the stand-in launch reads the tensors themselves
+
+
+def stand_in_run_planned(layout, tables, indices, q, k_cache, v_cache, out=None, return_lse=False, stream=None):
+    """run_planned's contract (new o and lse, `out` written in place) with arithmetic that reads
+    the plan's tables (each request's rows and first page entry) and page ids."""
+    B = layout.batch
+    rows, starts = tables[:B].float(), tables[B:2 * B].long()
+    first = indices.reshape(-1)[starts.clamp(max=indices.numel() - 1)].float()
+    shift = (rows * 1e-3 + first * 1e-2).view(B, 1, 1) + v_cache.float().mean()
+    o = (q.float() * layout.scale + shift).to(q.dtype)
+    if out is not None:
+        out.copy_(o)
+        o = out
+    lse = q.float().sum(-1) + k_cache.float().mean() + rows.view(B, 1) + layout.max_rows
+    return (o, lse) if return_lse else o
+
+
+@pytest.fixture
+def paged_stand_ins(monkeypatch):
+    monkeypatch.setattr(_paged, "planned_pointers", stand_in_planned_pointers)
+    monkeypatch.setattr(_paged, "run_planned", stand_in_run_planned)
+
+
+def paged_inputs(seed=0, batch=3, num_pages=64, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g).to(device=device, dtype=bf16)
+    hq, hkv, d, page = (PAGED[n] for n in ("hq", "hkv", "d", "page_size"))
+    return dict(q=r(batch, hq, d), k=r(num_pages, page, hkv, d), v=r(num_pages, page, hkv, d),
+                out=torch.empty(batch, hq, d, dtype=bf16, device=device))
+
+
+def paged_step(dec):
+    """A step calling the wrapper's run() twice (new o and LSE; `out=` with the caches as a pair)."""
+    def step(x):
+        o, lse = dec.run(x["q"], x["k"], x["v"], return_lse=True)
+        o2 = dec.run(x["q"] * 2, (x["k"], x["v"]), out=x["out"])
+        return o, lse, o2
+    return step
+
+
+def paged_reference(dec, x):
+    """The step's results from run_planned with the plan's layout, tables and page ids."""
+    args = (dec._layout, dec._tables, dec._indices)
+    o, lse = _paged.run_planned(*args, x["q"], x["k"], x["v"], return_lse=True)
+    o2 = _paged.run_planned(*args, x["q"] * 2, x["k"], x["v"], x["out"].clone())
+    return [o, lse, o2]
+
+
+def test_fake_paged_decode_results():
+    with fake_mode():
+        e = lambda *s, dtype=bf16: torch.empty(*s, dtype=dtype, device="cuda")
+        q, k = e(4, 32, 128), e(50, 16, 8, 128)
+        tables, indices = e(8, dtype=torch.int32), e(40, dtype=torch.int32)
+        layout = _paged.PagedLayout(4, 32, 8, 128, 16, "NHD", 300, 0, 128 ** -0.5, None, None)
+        o, lse = torch.ops.pykda.paged_decode_run(q, k, k, tables, indices, *layout, return_lse=True)
+        assert meta(o) == ((4, 32, 128), bf16, "cuda") and meta(lse) == ((4, 32), f32, "cuda")
+        o, lse = torch.ops.pykda.paged_decode_run(q, k, k, tables, indices, *layout, torch.empty_like(q))
+        assert o.numel() == 0 and lse.numel() == 0, "placeholders for out= and no LSE"
+        # the wrapper returns what eager run() returns
+        dec = ops.BatchDecodeWithPagedKVCache("NHD")
+        dec._layout, dec._tables, dec._indices = layout, tables, indices
+        assert meta(dec.run(q, k, k)) == ((4, 32, 128), bf16, "cuda")
+        out = torch.empty_like(q)
+        o, lse = dec.run(q, (k, k), out=out, return_lse=True)
+        assert o is out and meta(lse) == ((4, 32), f32, "cuda")
+
+
+def test_paged_run_before_plan_is_refused():
+    dec = ops.BatchDecodeWithPagedKVCache("NHD")
+    assert isinstance(dec, pykda.BatchDecodeWithPagedKVCache)
+    x = paged_inputs()
+    with pytest.raises(RuntimeError, match=r"call plan\(\) before run\(\)"):
+        dec.run(x["q"], x["k"], x["v"])
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match=r"call plan\(\) before run\(\)"):
+        torch.compile(paged_step(dec), backend="aot_eager", fullgraph=True)(x)
+
+
+@pytest.mark.parametrize("case, exc, message", [
+    ("tables_dtype", TypeError, r"tables must have dtype int32; got int64"),
+    ("tables_short", ValueError, r"tables must be a 1-D int32 array of at least 2 · batch = 6 entries"),
+    ("tables_strided", ValueError, r"tables must be contiguous in its last dimension; got strides \(2,\)"),
+    ("indices_aligned", ValueError, r"indices must start at a 4-byte aligned address"),
+    ("indices_dtype", TypeError, r"indices must have dtype int32; got float32"),
+    ("device", ValueError, r"indices must be on the plan's device \(0\); got device 1"),
+    ("host", TypeError, r"tables must be a CUDA tensor"),
+])
+def test_paged_op_checks_the_plan_arrays(case, exc, message):
+    """The raw op takes the plan's arrays from its caller: planned_pointers names a bad one before
+    any launch."""
+    from fakes import device_array as arr
+    layout = _paged.PagedLayout(3, 32, 8, 128, 16, "NHD", 100, 0, 128 ** -0.5, None, None)
+    tables, indices = arr((6,), "int32"), arr((10,), "int32")
+    if case == "tables_dtype":
+        tables = arr((6,), "int64")
+    elif case == "tables_short":
+        tables = arr((5,), "int32")
+    elif case == "tables_strided":
+        tables = arr((6,), "int32", strides=(2,))
+    elif case == "indices_dtype":
+        indices = arr((10,), "float32")
+    elif case == "indices_aligned":
+        indices = arr((10,), "int32", ptr=(1 << 30) + 2)
+    elif case == "device":
+        indices = arr((10,), "int32", device=1)
+    elif case == "host":
+        tables = torch.zeros(6, dtype=torch.int32)
+    with pytest.raises(exc, match=message):
+        _paged.planned_pointers(layout, tables, indices)
+    if case not in ("host",):
+        assert _paged.planned_pointers(layout, arr((8,), "int32", ptr=64), arr((4, 3), "int32", ptr=128)) == (64, 128)
+
+
+def test_paged_opcheck_with_stand_ins(paged_stand_ins):
+    dec = ops.BatchDecodeWithPagedKVCache("NHD")
+    set_cpu_plan(dec, [100, 0, 33])
+    x = paged_inputs()
+    plan = (dec._tables, dec._indices, *dec._layout)
+    for args, kwargs in [((x["q"], x["k"], x["v"], *plan), dict(return_lse=True)),
+                         ((x["q"], x["k"], x["v"], *plan, x["out"]), {}),
+                         ((x["q"], x["k"], x["v"], *plan, x["out"]), dict(return_lse=True))]:
+        torch.library.opcheck(torch.ops.pykda.paged_decode_run.default, args, kwargs)
+
+
+def test_paged_step_compiles_without_graph_breaks_and_reads_new_plans(paged_stand_ins):
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    dec = ops.BatchDecodeWithPagedKVCache("NHD")
+    set_cpu_plan(dec, [100, 0, 33])
+    step = paged_step(dec)
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    x = paged_inputs()
+    assert_same(snapshot(step(x)), paged_reference(dec, x))   # the wrapper, uncompiled
+    tables = dec._tables
+    for seed, lens in enumerate(([100, 0, 33], [0, 100, 40], [40, 100, 0])):   # new page ids and lengths
+        set_cpu_plan(dec, lens, seed=seed)
+        x = paged_inputs(seed)
+        got = compiled(x)
+        assert got[2] is x["out"], "out= comes back as itself"
+        assert_same(snapshot(got), paged_reference(dec, x))
+    assert dec._tables is tables and counters["stats"]["unique_graphs"] == 1, "new plans read without recompiling"
+    set_cpu_plan(dec, [7, 0, 500], seed=3)   # another longest request: the layout (constants of the graph) changed
+    x = paged_inputs(3)
+    assert_same(snapshot(compiled(x)), paged_reference(dec, x))
+    assert counters["stats"]["unique_graphs"] == 2
+    assert torch._dynamo.explain(step)(x).graph_break_count == 0
+
+
+def test_paged_run_takes_the_eager_path_where_the_op_cannot(monkeypatch):
+    """stream= given, or arrays other than torch tensors: pykda's eager run()."""
+    seen = []
+    monkeypatch.setattr(_paged, "run_planned", lambda layout, t, i, *args: seen.append((t, i, args)) or "eager")
+    dec = ops.BatchDecodeWithPagedKVCache("NHD")
+    set_cpu_plan(dec, [100, 0, 33])
+    dec._tables_ptr, dec._indices_ptr = 1 << 30, 2 << 30
+    x = paged_inputs()
+    assert dec.run(x["q"], x["k"], x["v"], stream=7) == "eager"
+    assert seen[-1] == (1 << 30, 2 << 30, (x["q"], x["k"], x["v"], None, False, 7))
+    cupy_like = object()
+    assert dec.run(cupy_like, x["k"], x["v"], return_lse=True) == "eager"
+    assert seen[-1][2][0] is cupy_like and seen[-1][2][4] is True
+
+
+# ------------------------------------------------------------------------------------------
 # GPU: the real kernels under torch.compile and CUDA graphs
 # ------------------------------------------------------------------------------------------
 
@@ -449,3 +658,86 @@ def test_opcheck_with_the_kernels():
     ]
     for op, args, kwargs in cases:
         torch.library.opcheck(op.default, args, kwargs)
+
+
+# ------------------------------------------------------------------------------------------
+# GPU: paged decode
+# ------------------------------------------------------------------------------------------
+
+PAGED_LENS = [1000, 0, 33, 517, 16, 4000]   # every plan below: these lengths, new page ids (one layout)
+PAGED_PAGES = 700
+
+
+def gpu_plan(dec, seed, lens=PAGED_LENS):
+    """Plan `dec` (a torch_ops or a pykda wrapper) on a random page table of `lens` (the wrapper
+    keeps kv_indices alive for run())."""
+    indptr, indices, last = page_table(lens, PAGED["page_size"], PAGED_PAGES, torch.Generator().manual_seed(seed))
+    indices = indices.cuda()
+    dec.plan(torch.from_numpy(indptr), indices, torch.from_numpy(last), PAGED["hq"], PAGED["hkv"], PAGED["d"],
+             PAGED["page_size"])
+
+
+def gpu_paged_inputs(seed):
+    return {n: t.cuda() for n, t in paged_inputs(seed, len(PAGED_LENS), PAGED_PAGES).items()}
+
+
+def eager_paged(x, seed):
+    """The step's results from pykda's own wrapper, planned on the same table."""
+    ref = pykda.BatchDecodeWithPagedKVCache("NHD")
+    gpu_plan(ref, seed)
+    o, lse = ref.run(x["q"], x["k"], x["v"], return_lse=True)
+    o2 = ref.run(x["q"] * 2, (x["k"], x["v"]), out=x["out"].clone())
+    return snapshot([o, lse, o2])
+
+
+@pytest.mark.gpu
+def test_paged_decode_compiled_step_equals_eager_bit_for_bit():
+    torch._dynamo.reset()
+    dec = ops.BatchDecodeWithPagedKVCache("NHD")
+    gpu_plan(dec, 0)
+    step = paged_step(dec)
+    x = gpu_paged_inputs(0)
+    expected = eager_paged(x, 0)   # also compiles the kernels
+    assert_same(snapshot(step(x)), expected)   # through the op, uncompiled
+    explain = torch._dynamo.explain(step)(x)
+    assert explain.graph_break_count == 0 and explain.graph_count == 1
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)
+    for seed in (0, 1, 2):   # new data and a new plan (new page ids, the same lengths) at each call
+        if seed:
+            gpu_plan(dec, seed)
+            x = gpu_paged_inputs(seed)
+            expected = eager_paged(x, seed)
+        got = compiled(x)
+        assert got[2] is x["out"]
+        assert_same(snapshot(got), expected)
+    # the op with the kernels
+    x = gpu_paged_inputs(3)
+    gpu_plan(dec, 3)
+    plan = (dec._tables, dec._indices, *dec._layout)
+    for args, kwargs in [((x["q"], x["k"], x["v"], *plan), dict(return_lse=True)),
+                         ((x["q"], x["k"], x["v"], *plan, x["out"]), {})]:
+        torch.library.opcheck(torch.ops.pykda.paged_decode_run.default, args, kwargs)
+
+
+@pytest.mark.gpu
+def test_paged_decode_reduce_overhead_records_cuda_graphs_and_replays_new_plans():
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    dec = ops.BatchDecodeWithPagedKVCache("NHD")
+    gpu_plan(dec, 10)
+    x = gpu_paged_inputs(10)
+    for n in ("k", "v", "out"):   # the caches and out=: static addresses, as serving engines mark them
+        torch._dynamo.mark_static_address(x[n])
+    eager_paged(x, 10)   # kernels compiled before the capture
+    compiled = torch.compile(paged_step(dec), mode="reduce-overhead", fullgraph=True)
+    for seed in (11, 12, 13):    # warm-up, recording, replay: new data and a new plan at each call
+        gpu_plan(dec, seed)   # rewrites the plan's tables in place (same batch)
+        for n, t in gpu_paged_inputs(seed).items():
+            x[n].copy_(t)
+        expected = eager_paged(x, seed)
+        got = snapshot(compiled(x))
+        assert_same(got, expected)
+    torch.cuda.synchronize()
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])

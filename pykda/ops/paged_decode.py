@@ -173,6 +173,37 @@ REQUIRED = 3
 PREPARED = Memo(lambda arrays, layout: prepare_paged(*arrays.views(), layout))
 
 
+def run_planned(layout: PagedLayout, tables_ptr: int, indices_ptr: int, q, k_cache, v_cache, out=None,
+                return_lse: bool = False, stream=None):
+    """`run()` of a plan: its layout and the device pointers of its int32 tables (rows per
+    request, then each request's first page entry) and of its page ids. What
+    `BatchDecodeWithPagedKVCache.run` and the torch op `pykda::paged_decode_run` launch."""
+    arrays = CallArrays((q, k_cache, v_cache, out), ARGUMENTS, REQUIRED)
+    call = PREPARED.get((arrays.key, layout), arrays, layout)
+    starts = tables_ptr + 4 * layout.batch
+    return decode.launch(call, arrays, stream, out, return_lse, tables_ptr, (starts, indices_ptr))
+
+
+def planned_pointers(layout: PagedLayout, tables, indices) -> tuple[int, int]:
+    """The pointers `run_planned` takes, of a plan's arrays handed back from outside the wrapper
+    (the torch op's arguments): `tables` int32, contiguous, at least 2 · batch entries; `indices`
+    the int32 page ids the plan read (kv_indices or block_tables, rows contiguous); both 4-byte
+    aligned, on the plan's device."""
+    t = device_arrays.as_device_array(tables, "tables")
+    check_dtype(t, "tables", ("int32",))
+    if t.ndim != 1 or t.shape[0] < 2 * layout.batch:
+        raise ValueError(f"tables must be a 1-D int32 array of at least 2 · batch = {2 * layout.batch} entries "
+                         f"(plan()'s rows and first page entries); got shape {tuple(t.shape)}")
+    i = device_arrays.as_device_array(indices, "indices")
+    check_dtype(i, "indices", ("int32",))
+    for name, a in (("tables", t), ("indices", i)):
+        check_inner_contiguous(a, name)
+        check_aligned(a, name, 4)
+        if a.device != layout.device:
+            raise ValueError(f"{name} must be on the plan's device ({layout.device}); got device {a.device}")
+    return t.ptr, i.ptr
+
+
 class BatchDecodeWithPagedKVCache:
     """Decode attention of one query token per head for a batch of requests whose KV cache is
     paged (FlashInfer's `BatchDecodeWithPagedKVCacheWrapper` layout):
@@ -191,7 +222,8 @@ class BatchDecodeWithPagedKVCache:
     CUDA graphs: a graph captured around `run()` stays valid after `plan()` is called again with
     the same batch size and kv_indices buffer (new page ids, lengths up to any size: the kernel
     reads them on the device; the chunk split stays the capture's). `plan()` copies to the device
-    on the current stream of kv_indices' framework.
+    on the current stream of kv_indices' framework. torch.compile: `pykda.torch_ops.BatchDecodeWithPagedKVCache`,
+    whose `run()` is the torch op `pykda::paged_decode_run` (both launch through `run_planned`).
     """
 
     def __init__(self, kv_layout: str = "NHD"):
@@ -282,7 +314,5 @@ class BatchDecodeWithPagedKVCache:
             raise RuntimeError("BatchDecodeWithPagedKVCache: call plan() before run()")
         if v_cache is None and isinstance(k_cache, tuple):
             k_cache, v_cache = k_cache
-        arrays = CallArrays((q, k_cache, v_cache, out), ARGUMENTS, REQUIRED)
-        call = PREPARED.get((arrays.key, self._layout), arrays, self._layout)
-        starts = self._tables_ptr + 4 * self._layout.batch
-        return decode.launch(call, arrays, stream, out, return_lse, self._tables_ptr, (starts, self._indices_ptr))
+        return run_planned(self._layout, self._tables_ptr, self._indices_ptr, q, k_cache, v_cache, out, return_lse,
+                           stream)
