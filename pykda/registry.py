@@ -41,6 +41,7 @@ def kda_decode_specs(arch: str) -> Iterator[KernelSpec]:
     safe = KdaVariant("safe", "logit", True, "bfloat16", "bfloat16", -5.0)
     softplus = KdaVariant("softplus", "logit", True, "bfloat16", "bfloat16", 0.0)
     vllm = KdaVariant("none", "prob", True, "float32", "float32", 0.0)   # vLLM's decode: its own gate, sigmoid(b)
+    yield from kda_decode_kfirst_specs(arch, safe, softplus, vllm)
     for dim in HEAD_DIMS:
         for state in STATE_CTYPES:
             for variant in (safe, softplus, vllm):
@@ -70,6 +71,34 @@ def kda_decode_specs(arch: str) -> Iterator[KernelSpec]:
                             p = KdaDecodeProblem(1, 1, 4, dim, 1, 1, "float32", "int32", "int32", var)
                             rpt = next(r for r in (8, 4, 2, 1) if tile_rows(p, r) <= dim)
                             yield kda_decode_spec(p, rpt, default_stages(p, rpt, H200_SMEM_PER_SM), arch)
+
+
+def kda_decode_kfirst_specs(arch: str, *variants) -> Iterator[KernelSpec]:
+    """K-first pools [P, H, K, V] (whole-state tiles, so no rows-per-thread sweep): the V-first
+    list's problems in each of `variants` (safe, softplus, vLLM's), and every gate mode and β form
+    at the test shape."""
+    from .ops.kda import HEAD_DIMS
+    from .ops.kda_decode import INDEX_CTYPES, STATE_CTYPES, KdaDecodeProblem, kda_decode_spec, plan_kda_decode
+    from .ops.kda_variant import BETAS, GATES, KdaVariant
+
+    def spec(b, t, h, dim, n, pool, state, idx, cu, variant, cols=0, acc="int32"):
+        p = KdaDecodeProblem(b, t, h, dim, n, pool, state, idx, cu, variant, cols, acc, v_first=False)
+        plan = plan_kda_decode(p, H200_SMS, H200_SMEM_PER_SM)
+        return kda_decode_spec(p, plan.rpt, plan.stages, arch)
+    for dim in HEAD_DIMS:
+        for state in STATE_CTYPES:
+            for variant in variants:
+                for idx in INDEX_CTYPES:
+                    yield spec(1, 1, 32, dim, 1, 1, state, idx, "int32", variant)
+                yield spec(1, 6, 32, dim, 3, 4, state, "int32", "int64", variant)   # packed
+                for t in (2, 4, 8) if variant.gate == "none" else (4,):   # speculative decode, B 64 H 32
+                    yield spec(64, t, 32, dim, 64, 64, state, "int32", "int32", variant, t, "int32")
+                yield spec(1, 12, 32, dim, 3, 4, state, "int64", "int32", variant, 4, "int64")
+        for gate in GATES:
+            for beta in BETAS:
+                for norm in (False, True):
+                    var = KdaVariant(gate, beta, norm, "bfloat16", "bfloat16", -5.0 if gate == "safe" else 0.0)
+                    yield spec(1, 1, 4, dim, 1, 1, "float32", "int32", "int32", var)
 
 
 def kda_specs(arch: str) -> Iterator[KernelSpec]:

@@ -201,11 +201,11 @@ def fake_ours(seen):
     mode its keywords ask for; returns (o, None) as the op does without output_final_state."""
     def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, *, initial_state, state_indices,
                             state_v_first=False, rows_per_thread=None, stages=None, **flags):
-        assert state_v_first is True, "the decode pool is V-first"
         assert set(flags) <= set(GATE_KEYWORDS), flags
         seen.append((rows_per_thread, stages, reference_mode(flags)))
         x = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias)
-        return _reference_step(x, initial_state, state_indices, reference_mode(flags)), None
+        pool = initial_state if state_v_first else initial_state.transpose(-1, -2)   # the step's writes show through
+        return _reference_step(x, pool, state_indices, reference_mode(flags)), None
     return fused_recurrent_kda
 
 
@@ -261,6 +261,7 @@ def test_run_end_to_end_with_the_gpu_stubbed(fake_fla, monkeypatch, capsys):
     for row in rows:
         assert row["err"] < 1e-2 and row["fla_err"] < 1e-2, row   # bf16 outputs
         assert row["us"] == 10.0 and row["fla_us"] == 10.0 and row["copy_us"] == 5.0
+        assert row["kfirst_us"] == 10.0 and row["kfirst_err"] < 1e-2, row   # the K-first copy, checked
         assert row["pct_same_copy"] == 50.0 and row["state_bytes"] == 2 * 3 * 2 * 8 * 8 * 4
         assert "graph_us" in row or "graph_error" in row
         assert row["fla"] == bench.SERVING

@@ -142,7 +142,7 @@ def _prepared_decode(monkeypatch):
 @pytest.mark.parametrize("settings, message", [
     ((None, SAFE_GATE_FLAGS._replace(use_gate_in_kernel=False, lower_bound=None, safe_gate=False), True, None, None),
      "A_log is given but use_gate_in_kernel=False"),
-    ((None, SAFE_GATE_FLAGS, False, None, None), "state_v_first=True"),
+    ((None, SAFE_GATE_FLAGS, True, None, 1), "stages must be in 2..8"),
     ((None, SAFE_GATE_FLAGS._replace(lower_bound=None), True, None, None), "needs lower_bound"),
     ((None, SAFE_GATE_FLAGS._replace(lower_bound=float("nan")), True, None, None), "lower_bound must be finite"),
 ])
@@ -157,6 +157,8 @@ def test_cached_good_call_never_lets_bad_settings_through(settings, message, mon
     softplus = (None, SAFE_GATE_FLAGS._replace(lower_bound=None, safe_gate=False), True, None, None)
     other = prepared(_kda_decode_arrays(), softplus)
     assert other is not first and other.problem.variant.gate == "softplus" and first.problem.variant.gate == "safe"
+    k_first = prepared(_kda_decode_arrays(), (None, SAFE_GATE_FLAGS, False, None, None))   # the layout is a setting
+    assert k_first is not first and first.problem.v_first and not k_first.problem.v_first
 
 
 def arrays_of(objs):

@@ -5,7 +5,7 @@ import pytest
 import pykda
 from pykda.ops import kda_decode
 from pykda.ops.kda_decode import (KdaDecodeProblem, check_state_indices, min_ctas, plan_kda_decode, stage_bytes,
-                                  tile_rows, validate_kda_decode)
+                                  sums_bytes, tile_rows, validate_kda_decode)
 from pykda.ops.kda_variant import SAFE_GATE_FLAGS, KdaFlags, KdaVariant
 from fakes import BASE, device_array as arr
 
@@ -50,6 +50,18 @@ def test_speculative_decode_problem_is_described():
     # a view of a wider buffer (vLLM slices its [max_seqs, C] table): rows may be strided
     p = validate_kda_decode(**args(state_indices=arr((4, 2), "int32", strides=(8, 1))))
     assert p.index_cols == 2
+
+
+def test_k_first_pools_are_accepted():
+    """fla's layout [P, H, K, V] (state_v_first=False): the same checks, the layout in the problem."""
+    p = validate_kda_decode(**args(state_v_first=False))
+    assert p.v_first is False and (p.dim, p.pool_rows) == (128, 16)
+    assert validate_kda_decode(**args()).v_first is True
+    p = validate_kda_decode(**args(state_v_first=False, T=4, q=arr((4, 4, 8, 128)), k=arr((4, 4, 8, 128)),
+                                   v=arr((4, 4, 8, 128)), g=arr((4, 4, 8, 128)), beta=arr((4, 4, 8)),
+                                   state_indices=arr((4, 4), "int32"), num_accepted_tokens=arr((4,), "int32"),
+                                   state_dtype="bfloat16"))
+    assert (p.v_first, p.index_cols, p.state_dtype) == (False, 4, "bfloat16")
 
 
 def test_gate_modes_are_accepted():
@@ -110,7 +122,8 @@ def test_gate_modes_are_accepted():
     (dict(flags=SAFE_GATE_FLAGS._replace(lower_bound=1.0)), ValueError, "lower_bound must be finite and <= 0"),
     (dict(flags=SAFE_GATE_FLAGS._replace(use_beta_sigmoid_in_kernel=False, allow_neg_eigval=True)), ValueError,
      "allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True"),
-    (dict(state_v_first=False), ValueError, "state_v_first=True"),
+    (dict(state_v_first=False, state=arr((16, 8, 64, 128))), ValueError, r"initial_state must have shape \[P, H, K, V\]"),
+    (dict(state_v_first=False, state=arr((16, 8, 128), "float32")), ValueError, r"initial_state must be 4-D \[P, H, K, V\]"),
     (dict(cu_seqlens=arr((3,), "int32")), ValueError, "batch size must be 1"),
     (dict(state_indices=None, state=arr((2, 8, 128, 128))), ValueError, "needs at least 4 rows"),
     (dict(q=arr((4, 1, 8, 128), ptr=BASE + 2)), ValueError, "q must start at a 16-byte aligned address"),
@@ -147,8 +160,6 @@ def _call(a, **kw):
      "inplace_final_state=False is not supported"),
     (dict(**SAFE_GATE_FLAGS._asdict(), state_v_first=True, num_accepted_tokens=arr((4,), "int32")), ValueError,
      "num_accepted_tokens needs 2-D state_indices"),
-    (dict(**SAFE_GATE_FLAGS._asdict()), ValueError, "fla's default \\[P, H, K, V\\] is not supported in decode"),
-    (dict(**SAFE_GATE_FLAGS._asdict(), state_v_first=False), ValueError, "pass state_v_first=True"),
     (dict(state_v_first=True), ValueError, "A_log is given but use_gate_in_kernel=False"),   # fla's defaults
     (dict(**SOFTPLUS_FLAGS._replace(safe_gate=True)._asdict(), state_v_first=True), ValueError, "safe_gate=True .* needs lower_bound"),
 ])
@@ -189,6 +200,16 @@ def test_decode_returns_the_output_and_the_pool(fake_launch, mode, output_final_
     assert stream == 7 and p.variant.gate == {"vllm": "none"}.get(mode, mode)
     assert launch_args[6:9] == ((BASE * 3, BASE * 4) if gate else (0, 0)) + (BASE * 5,)
     assert launch_args[-2] == (-5.0 if mode == "safe" else 0.0)
+
+
+def test_fla_default_layout_reaches_the_kernel_k_first(fake_launch):
+    """fla's default (no state_v_first): a K-first pool, updated in place like a V-first one."""
+    a = args(state=arr((16, 8, 128, 128), ptr=BASE * 5))
+    _call(a, **SAFE_GATE_FLAGS._asdict(), out=arr((4, 1, 8, 128), ptr=BASE * 2), stream=7)
+    _call(a, **SAFE_GATE_FLAGS._asdict(), state_v_first=True, out=arr((4, 1, 8, 128), ptr=BASE * 2), stream=7)
+    (p, launch_args, _), (p2, launch_args2, _) = fake_launch
+    assert p.v_first is False and p2.v_first is True and p._replace(v_first=True) == p2
+    assert launch_args[8:10] == launch_args2[8:10] == (BASE * 5, 16)   # the pool itself, no copy
 
 
 def test_speculative_call_passes_the_index_table(fake_launch):
@@ -235,6 +256,37 @@ def test_plan_fills_the_gpu_and_tiles_v(state, dim):
             "the largest such tiles"
     p = problem(1, 2, 128, 1, "float32")
     assert plan_kda_decode(p, 132, 233472).n_tiles >= 132 // 4, "few heads: smaller tiles reach more SMs"
+
+
+@pytest.mark.parametrize("state, dim, rpt, per_sm", [("float32", 128, 32, 1), ("bfloat16", 128, 16, 1),
+                                                    ("float32", 64, 8, 3), ("bfloat16", 64, 4, 3)])
+@pytest.mark.parametrize("tokens", [1, 4, 8])
+def test_k_first_tiles_are_whole_states(state, dim, rpt, per_sm, tokens):
+    """A K-first tile is one (sequence, head) state, K rows (its column sums need them all): one
+    tile per state, at least two stages (three where they fit) plus the column-sum buffer within
+    the H200's 227 KB per block, the CTAs per SM its registers allow."""
+    for batch in (1, 64, 256):
+        p = KdaDecodeProblem(batch, tokens, 32, dim, batch, batch, state, "int32", "int32", SAFE, v_first=False)
+        plan = plan_kda_decode(p, 132, 233472)
+        assert plan.rpt == rpt and tile_rows(p, rpt) == dim and plan.n_tiles == batch * 32
+        assert min_ctas(state, rpt) == per_sm and plan.grid == min(plan.n_tiles, 132 * per_sm)
+        assert plan.smem == plan.stages * stage_bytes(p, rpt) + sums_bytes(p) + 1024 <= 232448
+        assert per_sm * (plan.smem + 1024) <= 233472
+        third_fits = per_sm * (plan.smem + stage_bytes(p, rpt) + 1024 + 3072) <= 233472
+        assert plan.stages == 3 or (plan.stages == 2 and not third_fits)
+    assert sums_bytes(p) == 2 * 4 * 2 * dim * 4 and sums_bytes(p._replace(v_first=True)) == 0
+    assert plan_kda_decode(p, 132, 233472, rpt=rpt) == plan
+    with pytest.raises(ValueError, match=rf"whole-state tiles: rows_per_thread must be None or {rpt}"):
+        plan_kda_decode(p, 132, 233472, rpt=rpt // 2)
+
+
+def test_k_first_spec_differs_only_by_layout():
+    p = problem(1, 32, 128, 1, "float32")
+    k_first = p._replace(v_first=False)
+    v_spec = kda_decode.kda_decode_spec(p, 8, 3, "sm_90a").param_dict
+    k_spec = kda_decode.kda_decode_spec(k_first, 32, 3, "sm_90a").param_dict
+    assert v_spec.pop("VFIRST") is True and k_spec.pop("VFIRST") is False
+    assert {n for n in v_spec if v_spec[n] != k_spec[n]} == {"RPT", "MIN_CTAS", "STAGE_BYTES"}
 
 
 def test_fp32_g_rides_the_ring_in_fp32():

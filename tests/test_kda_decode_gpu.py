@@ -12,11 +12,25 @@ TOL = {"float32": 1e-2, "bfloat16": 2e-2}
 SAFE = SAFE_GATE_FLAGS._asdict()
 
 
-def decode(x, flags=SAFE, **kw):
+LAYOUTS = ["v_first", "k_first"]   # pools [P, H, V, K], fla's [P, H, K, V]
+
+
+def decode(x, flags=SAFE, layout="v_first", **kw):
     """fused_recurrent_kda on x's arrays (a dict with q, k, v, g, beta and the gate's A_log,
-    dt_bias) on a V-first pool; pykda's bounded gate unless `flags` says otherwise. Returns o."""
-    o, _ = pykda.fused_recurrent_kda(**x, **flags, state_v_first=True, **kw)
+    dt_bias) on a pool in `layout`; pykda's bounded gate unless `flags` says otherwise. Returns o."""
+    o, _ = pykda.fused_recurrent_kda(**x, **flags, state_v_first=layout == "v_first", **kw)
     return o
+
+
+def in_layout(pool, layout):
+    """A V-first pool (as `make` returns it) in `layout`: K-first is its transposed copy."""
+    return pool if layout == "v_first" else pool.transpose(-1, -2).contiguous()
+
+
+def v_view(pool, layout):
+    """The V-first view of a pool in `layout` (K-first: its transpose, the same memory), which
+    the float64 reference and the checks read."""
+    return pool if layout == "v_first" else pool.transpose(-1, -2)
 
 
 def make(B, T, H, K, P, state_dtype, seed):
@@ -68,19 +82,22 @@ def reference_step(x, pool_before, rows, cu=None, flags=SAFE, accepted=None):
     return o, new
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("K", [64, 128])
 @pytest.mark.parametrize("T", [1, 2, 7])
 @pytest.mark.parametrize("B", [1, 3, 64, 257])
-def test_matches_reference_with_random_and_padded_indices(B, T, K, state_dtype):
+def test_matches_reference_with_random_and_padded_indices(B, T, K, state_dtype, layout):
     H, P = 4, B + 5
     x, pool = make(B, T, H, K, P, state_dtype, seed=B * 100 + T * 10 + K)
+    given = in_layout(pool, layout)
+    pool = v_view(given, layout)
     perm = torch.randperm(P, device="cuda")[:B]
     pad = torch.rand(B, device="cuda") < 0.25 if B > 1 else torch.zeros(1, dtype=torch.bool, device="cuda")
     idx = torch.where(pad, -1, perm).to(torch.int32 if B % 2 else torch.int64)
     before = pool.clone()
     out = torch.full((B, T, H, K), float("nan"), dtype=torch.bfloat16, device="cuda")
-    o = decode(x, initial_state=pool, state_indices=idx, out=out)
+    o = decode(x, layout=layout, initial_state=given, state_indices=idx, out=out)
     assert o is out
     rows = idx.tolist()
     o_ref, new = reference_step(x, before, rows)
@@ -96,20 +113,25 @@ def test_matches_reference_with_random_and_padded_indices(B, T, K, state_dtype):
     assert (o[padded] == 0).all()
 
 
-def test_without_indices_row_n_is_sequence_n_and_cu_seqlens_packs():
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_without_indices_row_n_is_sequence_n_and_cu_seqlens_packs(layout):
     H, K = 8, 128
     x, pool = make(3, 2, H, K, 3, "float32", seed=11)
+    given = in_layout(pool, layout)
+    pool = v_view(given, layout)
     before = pool.clone()
-    o = decode(x, initial_state=pool)
+    o = decode(x, layout=layout, initial_state=given)
     o_ref, new = reference_step(x, before, [0, 1, 2])
     assert reference.relative_error(f64(o), o_ref) < 1e-2
     assert all(reference.relative_error(f64(pool[r]), new[r]) < 1e-2 for r in range(3))
     # packed: sequences of 1, 3 and 2 tokens in one row
     xp, pool = make(1, 6, H, K, 4, "float32", seed=12)
+    given = in_layout(pool, layout)
+    pool = v_view(given, layout)
     before = pool.clone()
     cu = torch.tensor([0, 1, 4, 6], dtype=torch.int32, device="cuda")
     idx = torch.tensor([2, 0, 3], dtype=torch.int32, device="cuda")
-    o = decode(xp, initial_state=pool, state_indices=idx, cu_seqlens=cu)
+    o = decode(xp, layout=layout, initial_state=given, state_indices=idx, cu_seqlens=cu)
     o_ref, new = reference_step(xp, before, [2, 0, 3], cu=[0, 1, 4, 6])
     assert reference.relative_error(f64(o), o_ref) < 1e-2
     assert all(reference.relative_error(f64(pool[r]), new[r]) < 1e-2 for r in (2, 0, 3))
@@ -121,9 +143,11 @@ GATE_FLAGS = {"safe": SAFE,
               "none": dict(use_qk_l2norm_in_kernel=True)}
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("gate", ["safe", "softplus", "none"])
-def test_decode_continues_a_prefill(gate):
-    """Prefill of T tokens then decode of n tokens equals prefill of T + n, in every gate mode."""
+def test_decode_continues_a_prefill(gate, layout):
+    """Prefill of T tokens then decode of n tokens equals prefill of T + n, in every gate mode and
+    either layout (K-first: fla's, prefill and decode on the same pool)."""
     H, K, T, n = 4, 128, 100, 3
     x, _ = make(2, T + n, H, K, 2, "float32", seed=13)
     flags = GATE_FLAGS[gate]
@@ -133,7 +157,7 @@ def test_decode_continues_a_prefill(gate):
         x["beta"] = torch.sigmoid(x["beta"].float())
         del x["A_log"], x["dt_bias"]
     seq = ("q", "k", "v", "g", "beta")
-    common = dict(flags, **{n: x[n] for n in ("A_log", "dt_bias") if n in x}, state_v_first=True)
+    common = dict(flags, **{n: x[n] for n in ("A_log", "dt_bias") if n in x}, state_v_first=layout == "v_first")
     o_all, s_all = pykda.chunk_kda(*(x[s] for s in seq), **common, output_final_state=True,
                                    initial_state=torch.zeros(2, H, K, K, device="cuda"))
     _, s_pre = pykda.chunk_kda(*(x[s][:, :T] for s in seq), **common, output_final_state=True,
@@ -145,9 +169,10 @@ def test_decode_continues_a_prefill(gate):
     assert reference.relative_error(f64(s_pre), f64(s_all)) < 1e-2
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("gate", ["softplus", "none"])
 @pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
-def test_gate_modes_match_reference(gate, state_dtype):
+def test_gate_modes_match_reference(gate, state_dtype, layout):
     """Kimi Linear's gate with decays from e^-1e-3 to exactly 0, and vLLM's precomputed fp32 g
     with fp32 β probabilities, against the float64 recurrence."""
     B, T, H, K, P = 33, 3, 4, 128, 40
@@ -163,8 +188,10 @@ def test_gate_modes_match_reference(gate, state_dtype):
         del x["A_log"], x["dt_bias"]
     idx = torch.randperm(P, device="cuda")[:B].to(torch.int32)
     idx[7] = -1
+    given = in_layout(pool, layout)
+    pool = v_view(given, layout)
     before = pool.clone()
-    o = decode(x, flags, initial_state=pool, state_indices=idx)
+    o = decode(x, flags, layout, initial_state=given, state_indices=idx)
     o_ref, new = reference_step(x, before, idx.tolist(), flags=flags)
     assert torch.isfinite(o).all() and torch.isfinite(pool).all()
     tol = TOL[state_dtype]
@@ -230,8 +257,10 @@ def test_every_tile_shape_and_ring_depth_agrees(rpt, stages, state_dtype):
     assert all(torch.equal(pool[r], before[r]) for r in range(B + 3) if r not in new)
 
 
-def test_packed_sequences_with_empty_and_padded_ones():
-    """cu_seqlens with zero-length sequences (state untouched) and a padded slot (zero outputs)."""
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_packed_sequences_with_empty_and_padded_ones(layout):
+    """cu_seqlens with zero-length sequences (state untouched) and a padded slot (zero outputs);
+    2 tokens staged a tile (the mean length), the rest read from global memory."""
     H, K = 4, 64
     lens = [0, 3, 1, 0, 2, 5]
     cu_list = [0]
@@ -239,10 +268,12 @@ def test_packed_sequences_with_empty_and_padded_ones():
         cu_list.append(cu_list[-1] + n)
     x, pool = make(1, cu_list[-1], H, K, 8, "bfloat16", seed=18)
     rows = [6, 1, -1, 2, 7, 0]
+    given = in_layout(pool, layout)
+    pool = v_view(given, layout)
     before = pool.clone()
     out = torch.full_like(x["v"], float("nan"))
-    decode(x, initial_state=pool, out=out, cu_seqlens=torch.tensor(cu_list, device="cuda"),
-                              state_indices=torch.tensor(rows, dtype=torch.int32, device="cuda"))
+    decode(x, layout=layout, initial_state=given, out=out, cu_seqlens=torch.tensor(cu_list, device="cuda"),
+           state_indices=torch.tensor(rows, dtype=torch.int32, device="cuda"))
     live = [r if n > 0 else -1 for r, n in zip(rows, lens)]
     o_ref, new = reference_step(x, before, live, cu=cu_list)
     assert torch.isfinite(out).all()
@@ -301,15 +332,17 @@ def spec_table(N, C, P, pad_seqs, pad_cells, dtype):
     return table.to(dtype).cuda(), acc.to(dtype).cuda()
 
 
-def check_spec_step(x, pool, before, table, acc, flags, tol, cu=None, **kw):
-    """One speculative step on `pool` (`before`: its copy) against `reference_step`; outputs
-    poisoned first, rows not written unchanged, padded sequences' outputs zero. Returns the
-    reference's new rows."""
+def check_spec_step(x, pool, before, table, acc, flags, tol, cu=None, layout="v_first", **kw):
+    """One speculative step on `pool` (in `layout`; `before`: a V-first copy) against
+    `reference_step`; outputs poisoned first, rows not written unchanged, padded sequences'
+    outputs zero. Returns the reference's new rows."""
     rows, accepted = table.tolist(), acc.tolist() if acc is not None else None
     out = torch.full_like(x["v"], float("nan"))
-    o, ret = pykda.fused_recurrent_kda(**x, **flags, state_v_first=True, initial_state=pool, ssm_state_indices=table,
-                                       num_accepted_tokens=acc, out=out, cu_seqlens=cu, output_final_state=True, **kw)
+    o, ret = pykda.fused_recurrent_kda(**x, **flags, state_v_first=layout == "v_first", initial_state=pool,
+                                       ssm_state_indices=table, num_accepted_tokens=acc, out=out, cu_seqlens=cu,
+                                       output_final_state=True, **kw)
     assert o is out and ret is pool
+    pool = v_view(pool, layout)
     o_ref, new = reference_step(x, before, rows, cu=None if cu is None else cu.tolist(), flags=flags,
                                 accepted=accepted)
     assert torch.isfinite(o).all() and torch.isfinite(pool).all()
@@ -328,10 +361,11 @@ def check_spec_step(x, pool, before, table, acc, flags, tol, cu=None, **kw):
     return new
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("gate", ["safe", "softplus", "none"])
 @pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("K", [64, 128])
-def test_speculative_step_matches_reference(gate, state_dtype, K):
+def test_speculative_step_matches_reference(gate, state_dtype, K, layout):
     """Random [N, T] tables with padding cells and padded sequences, num_accepted_tokens in 1..T,
     int32 and int64: outputs and every row written against the float64 recurrence."""
     for N, T, dtype in ((37, 4, torch.int32), (5, 8, torch.int64), (64, 2, torch.int32)):
@@ -340,11 +374,13 @@ def test_speculative_step_matches_reference(gate, state_dtype, K):
         if gate == "none":
             vllm_inputs(x)
         table, acc = spec_table(N, T, P, pad_seqs={1, N - 2}, pad_cells=0.2, dtype=dtype)
-        check_spec_step(x, pool, pool.clone(), table, acc, GATE_FLAGS[gate], TOL[state_dtype])
+        check_spec_step(x, in_layout(pool, layout), pool.clone(), table, acc, GATE_FLAGS[gate], TOL[state_dtype],
+                        layout=layout)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
-def test_speculative_packed_as_vllm_calls_it(state_dtype):
+def test_speculative_packed_as_vllm_calls_it(state_dtype, layout):
     """cu_seqlens (vLLM packs its spec tokens): lengths 0..C, a table wider than some sequences,
     a strided view of a wider table, without num_accepted_tokens (column 0)."""
     H, K, C = 4, 128, 4
@@ -356,15 +392,20 @@ def test_speculative_packed_as_vllm_calls_it(state_dtype):
     wide = torch.full((len(lens), 2 * C), -1, dtype=torch.int32, device="cuda")
     wide[:, :C] = cells
     table = wide[:, :C]   # row stride 2C
-    check_spec_step(x, pool, pool.clone(), table, acc, GATE_FLAGS["none"], TOL[state_dtype], cu=cu)
-    check_spec_step(x, pool, pool.clone(), table.contiguous(), None, GATE_FLAGS["none"], TOL[state_dtype], cu=cu)
+    given = in_layout(pool, layout)
+    pool = v_view(given, layout)
+    check_spec_step(x, given, pool.clone(), table, acc, GATE_FLAGS["none"], TOL[state_dtype], cu=cu, layout=layout)
+    check_spec_step(x, given, pool.clone(), table.contiguous(), None, GATE_FLAGS["none"], TOL[state_dtype], cu=cu,
+                    layout=layout)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("gate", ["safe", "softplus", "none"])
-def test_prefill_then_speculative_steps_equal_sequential_decode(gate):
+def test_prefill_then_speculative_steps_equal_sequential_decode(gate, layout):
     """chunk_kda prefill of a prompt into pool rows, then two speculative steps (the second from
     the row of the last accepted draft token of the first, as vLLM runs them): outputs and rows
-    equal the float64 recurrence over the whole accepted path and pykda's own one-token steps."""
+    equal the float64 recurrence over the whole accepted path and pykda's own one-token steps.
+    Prefill and decode share the pool's layout."""
     N, H, K, T0, T = 6, 4, 128, 40, 4
     x, _ = make(N, T0 + 2 * T, H, K, 1, "float32", seed=81)
     if gate == "none":
@@ -374,17 +415,19 @@ def test_prefill_then_speculative_steps_equal_sequential_decode(gate):
     part = lambda a, b: {**{s: x[s][:, a:b] for s in seq}, **params}
     P = N * T + 3
     table = torch.randperm(P, device="cuda")[:N * T].reshape(N, T).to(torch.int32)
+    v_first = layout == "v_first"
     pool = torch.zeros(P, H, K, K, device="cuda")
     first = table[:, 0].contiguous()
-    pykda.chunk_kda(*(part(0, T0)[s] for s in seq), **params, **flags, state_v_first=True, initial_state=pool,
+    pykda.chunk_kda(*(part(0, T0)[s] for s in seq), **params, **flags, state_v_first=v_first, initial_state=pool,
                     state_indices=first)   # the prompt's final state into column 0
+    view = v_view(pool, layout)
     # step 1 from column 0 (num_accepted_tokens = 1), step 2 from the last accepted draft of step 1
     acc1 = torch.ones(N, dtype=torch.int32, device="cuda")
     acc2 = torch.randint(1, T + 1, (N,), dtype=torch.int32, device="cuda")
-    before = pool.clone()
-    check_spec_step(part(T0, T0 + T), pool, before, table, acc1, flags, 1e-2)
-    before = pool.clone()   # step 1's rows
-    check_spec_step(part(T0 + T, T0 + 2 * T), pool, before, table, acc2, flags, 1e-2)
+    before = view.clone()
+    check_spec_step(part(T0, T0 + T), pool, before, table, acc1, flags, 1e-2, layout=layout)
+    before = view.clone()   # step 1's rows
+    check_spec_step(part(T0 + T, T0 + 2 * T), pool, before, table, acc2, flags, 1e-2, layout=layout)
     # against the float64 recurrence over the accepted path: prompt, a2 drafts of step 1, step 2
     for n in range(N):
         a2 = int(acc2[n])
@@ -393,14 +436,69 @@ def test_prefill_then_speculative_steps_equal_sequential_decode(gate):
                                                    **{k: f64(v) for k, v in params.items()},
                                                    **reference.kda_options(flags), intermediate_states=True)
         for t in range(T):
-            err = reference.relative_error(f64(pool[int(table[n, t])]), states[0, T0 + a2 + t])
+            err = reference.relative_error(f64(view[int(table[n, t])]), states[0, T0 + a2 + t])
             assert err < 1e-2, f"sequence {n}, token {t}: {err:.2e}"
         assert reference.relative_error(f64(before[int(table[n, a2 - 1])]), states[0, T0 + a2 - 1]) < 1e-2
     # pykda's one-token steps from the prompt's state give step 1's rows (the same fp32 arithmetic)
     seq_pool = torch.zeros(N, H, K, K, device="cuda")
-    pykda.chunk_kda(*(part(0, T0)[s] for s in seq), **params, **flags, state_v_first=True, initial_state=seq_pool,
+    pykda.chunk_kda(*(part(0, T0)[s] for s in seq), **params, **flags, state_v_first=v_first, initial_state=seq_pool,
                     state_indices=torch.arange(N, dtype=torch.int32, device="cuda"))
     for t in range(T):
-        pykda.fused_recurrent_kda(**part(T0 + t, T0 + t + 1), **flags, state_v_first=True, initial_state=seq_pool)
+        pykda.fused_recurrent_kda(**part(T0 + t, T0 + t + 1), **flags, state_v_first=v_first, initial_state=seq_pool)
         for n in range(N):
-            assert reference.relative_error(f64(seq_pool[n]), f64(before[int(table[n, t])])) < 1e-5
+            assert reference.relative_error(f64(v_view(seq_pool, layout)[n]), f64(before[int(table[n, t])])) < 1e-5
+
+
+# ---- K-first pools (fla's [P, H, K, V]) against V-first ones ----
+
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("K", [64, 128])
+@pytest.mark.parametrize("gate", ["safe", "softplus", "none"])
+def test_k_first_and_v_first_pools_give_the_same_step(gate, K, state_dtype):
+    """The same inputs on a V-first pool and on its K-first transpose: the same outputs and
+    transposed-equal pools (only the sums' order differs), for one token, T = 10 (2 tokens past
+    the 8 the ring stages, read from global memory), padding rows, and a speculative step."""
+    B, H = 21, 4
+    for T, spec in ((1, False), (10, False), (4, True)):
+        x, pool = make(B, T, H, K, 4 * B, state_dtype, seed=91 + T + K)
+        if gate == "none":
+            vllm_inputs(x)
+        if spec:
+            idx, acc = spec_table(B, T, 4 * B, pad_seqs={3}, pad_cells=0.2, dtype=torch.int32)
+            rows = dict(ssm_state_indices=idx, num_accepted_tokens=acc)
+        else:
+            idx = torch.randperm(4 * B, device="cuda")[:B].to(torch.int32)
+            idx[[2, 9]] = -1
+            rows = dict(state_indices=idx)
+        k_pool = in_layout(pool, "k_first")
+        outs = [torch.full_like(x["v"], float("nan")) for _ in LAYOUTS]
+        for layout, given, out in zip(LAYOUTS, (pool, k_pool), outs):
+            decode(x, GATE_FLAGS[gate], layout, initial_state=given, out=out, **rows)
+        torch.cuda.synchronize()
+        assert torch.isfinite(outs[1]).all()
+        tol = 1e-5 if state_dtype == "float32" else 1e-2   # bf16 pools: a rounding apart at most
+        assert reference.relative_error(f64(outs[1]), f64(outs[0])) < 1e-2   # bf16 outputs
+        assert reference.relative_error(f64(v_view(k_pool, "k_first")), f64(pool)) < tol
+        accepted = rows["num_accepted_tokens"].tolist() if spec else None
+        padded = [n for n in range(B) if start_row(idx.tolist(), n, accepted) < 0]
+        assert padded and (outs[1][padded] == 0).all()
+
+
+@pytest.mark.parametrize("stages", [2, 3, None])
+def test_k_first_ring_depths_agree(stages):
+    """K-first tiles are whole states: only the ring depth can be overridden (and rows_per_thread
+    only to the whole-state value); small rings wrap many times."""
+    B, H, K = 96, 8, 128
+    x, pool = make(B, 2, H, K, B + 3, "float32", seed=19)
+    idx = torch.randperm(B + 3, device="cuda")[:B].to(torch.int32)
+    idx[5] = -1
+    given = in_layout(pool, "k_first")
+    view = v_view(given, "k_first")
+    before = view.clone()
+    o = decode(x, layout="k_first", initial_state=given, state_indices=idx, stages=stages)
+    o_ref, new = reference_step(x, before, idx.tolist())
+    assert reference.relative_error(f64(o), o_ref) < 1e-2
+    assert all(reference.relative_error(f64(view[r]), s) < 1e-2 for r, s in new.items())
+    assert all(torch.equal(view[r], before[r]) for r in range(B + 3) if r not in new)
+    with pytest.raises(ValueError, match="whole-state tiles"):
+        decode(x, layout="k_first", initial_state=given, state_indices=idx, rows_per_thread=8)

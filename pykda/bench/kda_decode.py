@@ -19,7 +19,9 @@ outputs and updated pool rows are checked against a float64 reference.
 Columns: kernel µs (cold L2, CUDA events, median); host µs per call in a tight loop; "graph" host
 µs per call when the call is captured once in a CUDA graph and replayed; state TB/s (read +
 write); % of the 4 GiB copy's bandwidth and % of a copy of the same number of bytes (cold L2:
-small problems cannot reach the big copy's bandwidth).
+small problems cannot reach the big copy's bandwidth); "K-1st": pykda's kernel µs on the same
+states in fla's K-first layout [P, H, K, V] (`state_v_first=False`, whole-state tiles), its
+error checked too. Every other column is the V-first pool [P, H, V, K].
 
 Speculative decode (a second table, column T): T tokens per sequence with 2-D state_indices
 [B, T] and num_accepted_tokens (fla's and vLLM's keywords; both ops get the same call), so each
@@ -54,7 +56,7 @@ SPEC_QUICK = tuple(("vllm", "float32", 32, 64, t) for t in (1, 2, 4, 8)) + tuple
 SPEC_FULL = tuple((gate, pool, 32, 64, t) for gate in GATES for pool in POOLS for t in (1, 2, 4, 8))
 D = 128
 LOWER_BOUND = -5.0
-# pykda's keywords of each gate mode (fla's names; decode also needs state_v_first=True)
+# pykda's keywords of each gate mode (fla's names; the pool's layout is passed on its own)
 FLAGS = {"safe": dict(SAFE_GATE_FLAGS._asdict(), lower_bound=LOWER_BOUND),
          "softplus": dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True),
          "vllm": dict(use_qk_l2norm_in_kernel=True)}
@@ -188,12 +190,26 @@ def checked_step(x, pool, idx, fn, pool_row_written: bool = True, gate: str = "s
                       gate)
 
 
-def ours_step(x, pool, idx, gate, accepted=None, **kw):
-    """pykda's step in gate mode `gate` on the pool, in place; returns the output."""
+def ours_step(x, pool, idx, gate, accepted=None, v_first=True, **kw):
+    """pykda's step in gate mode `gate` on the pool (V-first, or K-first where `v_first` is
+    False), in place; returns the output."""
     if accepted is not None:
         kw["num_accepted_tokens"] = accepted
-    o, _ = fused_recurrent_kda(**x, **FLAGS[gate], state_v_first=True, initial_state=pool, state_indices=idx, **kw)
+    o, _ = fused_recurrent_kda(**x, **FLAGS[gate], state_v_first=v_first, initial_state=pool, state_indices=idx,
+                               **kw)
     return o
+
+
+def _k_first_step(row, x, pool, idx, gate, accepted, timer, repeats) -> None:
+    """pykda on a K-first copy of the pool: row["kfirst_err"] (checked through the copy's V-first
+    view) and row["kfirst_us"]; a failure as row["kfirst_error"]."""
+    k_pool = pool.transpose(-1, -2).contiguous()   # [P, H, K, V]: the same states
+    step = lambda: ours_step(x, k_pool, idx, gate, accepted, v_first=False)   # noqa: E731
+    try:
+        row["kfirst_err"] = checked_step(x, k_pool.transpose(-1, -2), idx, step, gate=gate, accepted=accepted)
+        row["kfirst_us"] = timer.median_us(step, warmup=10, repeats=repeats)
+    except Exception as exc:
+        row["kfirst_error"] = f"{type(exc).__name__}: {exc}"[:200]
 
 
 def _measure(row, prefix, fn, timer, repeats, host_n):
@@ -259,6 +275,7 @@ def _case(gate, pool_dtype, H, B, fla_entry, timer, copy_tbs, repeats, host_n, T
     if T:
         row["T"] = T
     _measure(row, "", ours, timer, repeats, host_n)
+    _k_first_step(row, x, pool, idx, gate, accepted, timer, repeats)
     copy_us = timer.copy_us(nbytes // 2, repeats=repeats)
     row["copy_us"] = copy_us
     if row.get("us"):
@@ -352,8 +369,8 @@ def _cell(value, fmt, width):
 def _print_spec(rows):
     """The speculative-decode table: a row per T, its time over the T = 1 row's of the same case."""
     print("\nspeculative decode: [B, T] state_indices + num_accepted_tokens, a state row written per token")
-    print(f"{'gate':>8} {'pool':>8} {'H':>3} {'B':>4} {'T':>2} {'us':>7} {'x T=1':>6} {'TB/s':>5} {'err':>7} | "
-          f"{'fla us':>7} {'err':>7} {'x fla':>6}")
+    print(f"{'gate':>8} {'pool':>8} {'H':>3} {'B':>4} {'T':>2} {'us':>7} {'x T=1':>6} {'TB/s':>5} {'err':>7} "
+          f"{'K-1st':>7} | {'fla us':>7} {'err':>7} {'x fla':>6}")
     one = {(r["gate"], r["pool"], r["H"], r["B"]): r.get("us") for r in rows if r["T"] == 1}
     for r in rows:
         g = r.get
@@ -361,7 +378,8 @@ def _print_spec(rows):
         slower = g("us") / base if g("us") and base else None
         ratio = g("fla_us") / g("us") if g("fla_us") and g("us") else None
         print(f"{r['gate']:>8} {r['pool']:>8} {r['H']:3d} {r['B']:4d} {r['T']:2d} {_cell(g('us'), '.1f', 7)} "
-              f"{_cell(slower, '.2f', 6)} {_cell(g('tbs'), '.2f', 5)} {_cell(g('err'), '.1e', 7)} | "
+              f"{_cell(slower, '.2f', 6)} {_cell(g('tbs'), '.2f', 5)} {_cell(g('err'), '.1e', 7)} "
+              f"{_cell(g('kfirst_us'), '.1f', 7)} | "
               f"{_cell(g('fla_us'), '.1f', 7)} {_cell(g('fla_err'), '.1e', 7)} {_cell(ratio, '.2f', 6)}")
     for r in rows:
         for k, v in r.items():
@@ -373,14 +391,15 @@ def _print_spec(rows):
 def _print(rows, fla_label):
     print(f"\nfla: {fla_label}")
     print(f"{'gate':>8} {'pool':>8} {'H':>3} {'B':>4} {'us':>7} {'host':>6} {'graph':>6} {'TB/s':>5} {'%copy':>5} "
-          f"{'%same':>5} {'err':>7} | {'fla us':>7} {'host':>6} {'graph':>6} {'err':>7} {'x fla':>6}")
+          f"{'%same':>5} {'err':>7} {'K-1st':>7} | {'fla us':>7} {'host':>6} {'graph':>6} {'err':>7} {'x fla':>6}")
     for r in rows:
         g = r.get
         ratio = g("fla_us") / g("us") if g("fla_us") and g("us") else None
         print(f"{r['gate']:>8} {r['pool']:>8} {r['H']:3d} {r['B']:4d} {_cell(g('us'), '.1f', 7)} "
               f"{_cell(g('host_us'), '.1f', 6)} "
               f"{_cell(g('graph_us'), '.1f', 6)} {_cell(g('tbs'), '.2f', 5)} {_cell(g('pct_copy'), '.0f', 5)} "
-              f"{_cell(g('pct_same_copy'), '.0f', 5)} {_cell(g('err'), '.1e', 7)} | {_cell(g('fla_us'), '.1f', 7)} "
+              f"{_cell(g('pct_same_copy'), '.0f', 5)} {_cell(g('err'), '.1e', 7)} {_cell(g('kfirst_us'), '.1f', 7)} | "
+              f"{_cell(g('fla_us'), '.1f', 7)} "
               f"{_cell(g('fla_host_us'), '.1f', 6)} {_cell(g('fla_graph_us'), '.1f', 6)} "
               f"{_cell(g('fla_err'), '.1e', 7)} {_cell(ratio, '.2f', 6)}")
     errors = [(r["gate"], r["pool"], r["H"], r["B"], k, v) for r in rows for k, v in r.items() if k.endswith("error")]
@@ -389,4 +408,5 @@ def _print(rows, fla_label):
     print("gate: safe = lower_bound -5 sigmoid gate, softplus = Kimi Linear's, vllm = g precomputed (fp32 log-decay), "
           "fp32 beta probabilities")
     print("us: kernel (cold L2); host/graph: host µs per call, plain and as a CUDA-graph replay; "
-          "%copy: of the 4 GiB copy's TB/s; %same: of a copy of the same bytes")
+          "%copy: of the 4 GiB copy's TB/s; %same: of a copy of the same bytes; K-1st: kernel µs on fla's "
+          "K-first layout")

@@ -41,6 +41,7 @@ class KdaDecodeProblem(NamedTuple):
     variant: KdaVariant  # gate mode, β form, norm flag, dtypes of g and beta
     index_cols: int = 0  # C of 2-D state_indices [N, C] (speculative decode: a row per token); 0 for [N] or none
     accepted_dtype: str = "int32"   # of num_accepted_tokens ('int32' when absent)
+    v_first: bool = True            # pool layout [P, H, V, K] (else fla's [P, H, K, V])
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,21 @@ class KdaDecodePlan:
     smem: int         # dynamic shared memory per CTA, bytes
 
 
+def lane_groups(p: KdaDecodeProblem) -> int:
+    """Lane groups of the consumer warps: a state row takes dim / elems lanes, 16 bytes each."""
+    elems = 16 // (4 if p.state_dtype == "float32" else 2)
+    return WARPS * (32 // (p.dim // elems))
+
+
 def tile_rows(p: KdaDecodeProblem, rpt: int) -> int:
     """State rows per tile: every consumer lane holds rpt 16-byte pieces."""
-    elems = 16 // (4 if p.state_dtype == "float32" else 2)
-    return WARPS * (32 // (p.dim // elems)) * rpt
+    return lane_groups(p) * rpt
+
+
+def whole_state_rpt(p: KdaDecodeProblem) -> int:
+    """Rows per lane group of a tile that is a whole state (K-first pools: a column sum needs all
+    K rows)."""
+    return p.dim // lane_groups(p)
 
 
 def tile_count(p: KdaDecodeProblem, rpt: int) -> int:
@@ -68,9 +80,11 @@ def tile_bytes(rpt: int) -> int:
 
 
 def min_ctas(state_dtype: str, rpt: int) -> int:
-    """CTAs per SM the kernel is compiled for (its register cap): three, except the bf16
-    pool's 8-row groups, which need more than 128 registers."""
-    return 2 if state_dtype == "bfloat16" and rpt == 8 else 3
+    """CTAs per SM the kernel is compiled for (its register cap), by the fp32 state values a
+    lane holds (rpt 16-byte pieces): up to 32 three; 64 (the bf16 pool's 8-row groups) two, more
+    than 128 registers; 128 (K-first tiles at K = 128: a whole state on 128 lanes) one."""
+    held = rpt * 16 // (4 if state_dtype == "float32" else 2)
+    return 3 if held <= 32 else 2 if held <= 64 else 1
 
 
 def staged_tokens(p: KdaDecodeProblem) -> int:
@@ -90,10 +104,16 @@ def stage_bytes(p: KdaDecodeProblem, rpt: int) -> int:
     return -(-(gate_at + p.dim * 4 + 16 + t * p.dim * 4) // 128) * 128
 
 
+def sums_bytes(p: KdaDecodeProblem) -> int:
+    """K-first pools: the warps' column sums after the ring, [2][WARPS][sk | sq][K] fp32 (none
+    V-first)."""
+    return 0 if p.v_first else 2 * WARPS * 2 * p.dim * 4
+
+
 def default_stages(p: KdaDecodeProblem, rpt: int, smem_per_sm: int) -> int:
     """Three stages (a deeper ring only lengthens HBM's queues), fewer if min_ctas CTAs per SM
     cannot hold them."""
-    per_cta = smem_per_sm // min_ctas(p.state_dtype, rpt) - 3072   # alignment slack, static smem, reserve
+    per_cta = smem_per_sm // min_ctas(p.state_dtype, rpt) - 3072 - sums_bytes(p)   # alignment slack, static smem, reserve
     return max(2, min(RING_STAGES, per_cta // stage_bytes(p, rpt)))
 
 
@@ -101,15 +121,21 @@ def default_stages(p: KdaDecodeProblem, rpt: int, smem_per_sm: int) -> int:
 def plan_kda_decode(p: KdaDecodeProblem, sm_count: int, smem_per_sm: int, rpt: int | None = None,
                     stages: int | None = None) -> KdaDecodePlan:
     """The largest tiles (more rows per thread, fewer tiles in each CTA's chain) that still
-    reach a quarter of the SMs (measured: smaller tiles only pay off below that); the grid
-    is as many CTAs as fit the SMs."""
-    if rpt is None:
+    reach a quarter of the SMs (measured: smaller tiles only pay off below that); K-first pools
+    take whole states. The grid is as many CTAs as fit the SMs."""
+    if not p.v_first:
+        whole = whole_state_rpt(p)
+        if rpt not in (None, whole):
+            raise ValueError(f"K-first pools [P, H, K, V] take whole-state tiles: rows_per_thread must be None or "
+                             f"{whole} at K = {p.dim} {p.state_dtype}; got {rpt}")
+        rpt = whole
+    elif rpt is None:
         fits = [r for r in (8, 4, 2, 1) if tile_rows(p, r) <= p.dim]
         rpt = next((r for r in fits if tile_count(p, r) >= sm_count // 4), fits[-1])
     elif rpt not in (1, 2, 4, 8) or tile_rows(p, rpt) > p.dim:
         raise ValueError(f"rows_per_thread must be 1, 2, 4 or 8 with at most {p.dim} rows per tile; got {rpt}")
     stages = stages or default_stages(p, rpt, smem_per_sm)
-    smem = stages * stage_bytes(p, rpt) + 1024   # + alignment slack
+    smem = stages * stage_bytes(p, rpt) + sums_bytes(p) + 1024   # + alignment slack
     n_tiles = tile_count(p, rpt)
     per_sm = max(1, min(min_ctas(p.state_dtype, rpt), smem_per_sm // (smem + 1024)))
     return KdaDecodePlan(rpt=rpt, stages=stages, n_tiles=n_tiles, grid=min(n_tiles, sm_count * per_sm), smem=smem)
@@ -122,7 +148,7 @@ def kda_decode_spec(p: KdaDecodeProblem, rpt: int, stages: int, arch: str) -> ru
         "MIN_CTAS": min_ctas(p.state_dtype, rpt), "TMAX": staged_tokens(p),
         "STAGE_BYTES": stage_bytes(p, rpt), "IDX_T": INDEX_CTYPES[p.index_dtype],
         "CU_T": INDEX_CTYPES[p.cu_dtype], "SPEC": p.index_cols > 0, "ACC_T": INDEX_CTYPES[p.accepted_dtype],
-        **p.variant.template_params()}, arch, kernels=("kda_decode",))
+        "VFIRST": p.v_first, **p.variant.template_params()}, arch, kernels=("kda_decode",))
 
 
 def validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out, flags: KdaFlags,
@@ -130,9 +156,7 @@ def validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, 
     """Check dtypes, ranks, shapes, layouts and alignment of every argument; no GPU needed."""
     B, T, H, K = check_kda_inputs(q, k, v, g, beta)
     variant = resolve_variant(flags, g, beta, A_log, dt_bias, H, K)
-    if not state_v_first:
-        raise ValueError("fused_recurrent_kda updates V-first pools [P, H, V, K] only for now: pass "
-                         "state_v_first=True (fla's default [P, H, K, V] is not supported in decode yet)")
+    layout = "[P, H, V, K]" if state_v_first else "[P, H, K, V]"
     if T < 1:
         raise ValueError(f"q must hold at least one token (T >= 1); got T = {T}")
     if B * T >= 2 ** 31:
@@ -141,11 +165,11 @@ def validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, 
         check_inner_contiguous(x, name)
         check_aligned(x, name, 16)
     if state is None:
-        raise ValueError("initial_state (the state pool [P, H, V, K]) is required: it is updated in place")
+        raise ValueError(f"initial_state (the state pool {layout}) is required: it is updated in place")
     check_dtype(state, "initial_state", tuple(STATE_CTYPES))
-    check_ndim(state, "initial_state", 4, "[P, H, V, K]")
+    check_ndim(state, "initial_state", 4, layout)
     P = state.shape[0]
-    check_shape(state, "initial_state", (P, H, K, K), "[P, H, V, K]")
+    check_shape(state, "initial_state", (P, H, K, K), layout)
     check_contiguous(state, "initial_state")
     check_aligned(state, "initial_state", 16)
     if cu_seqlens is not None:
@@ -197,7 +221,8 @@ def validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, 
                             index_dtype=state_indices.dtype if state_indices is not None else "int32",
                             cu_dtype=cu_seqlens.dtype if cu_seqlens is not None else "int32", variant=variant,
                             index_cols=cols,
-                            accepted_dtype=num_accepted_tokens.dtype if num_accepted_tokens is not None else "int32")
+                            accepted_dtype=num_accepted_tokens.dtype if num_accepted_tokens is not None else "int32",
+                            v_first=bool(state_v_first))
 
 
 def check_state_indices(indices: np.ndarray, pool_rows: int) -> None:
@@ -282,9 +307,10 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
 
     q, k [B, T, H, K], v [B, T, H, V] bf16; g [B, T, H, K] and beta [B, T, H] bf16 or fp32;
     A_log (H fp32 elements, any shape) and dt_bias (H*K fp32) where the gate is computed in the
-    kernel; K = V in {64, 128}. initial_state is the pool [P, H, V, K] (fp32 or bf16; pass
-    `state_v_first=True`: fla's K-first pools are not supported here yet) and is updated in place:
-    unlike fla, the call always writes the new states back into it. state_indices [N]
+    kernel; K = V in {64, 128}. initial_state is the pool, fla's K-first [P, H, K, V] or with
+    `state_v_first=True` [P, H, V, K] (fp32 or bf16; either layout read and written as it is, no
+    transposing copy), and is updated in place: unlike fla, the call always writes the new states
+    back into it. state_indices [N]
     (int32/int64) picks each sequence's row, a negative index marks a padding slot (zero outputs,
     no state touched); without it sequence n uses row n. With cu_seqlens [N + 1] the tokens are
     packed (B = 1). Tokens of a sequence are applied in order, one output per token.
@@ -300,8 +326,8 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
     Contract: non-negative state_indices (all entries of a 2-D one) are distinct and < P; the kernel never reads or
     writes outside the pool (an index >= P is treated as padding), and `check_indices=True`
     verifies both on the host (a synchronisation, so not for CUDA-graph capture).
-    `rows_per_thread` (state rows per lane group: 1, 2, 4, 8) and `stages` (ring depth in
-    tiles) override the planner, for sweeps.
+    `rows_per_thread` (state rows per lane group: 1, 2, 4, 8; K-first pools take whole states,
+    K / lane groups) and `stages` (ring depth in tiles) override the planner, for sweeps.
     """
     if ssm_state_indices is not None:
         if state_indices is not None:
