@@ -209,7 +209,24 @@ def test_fla_default_layout_reaches_the_kernel_k_first(fake_launch):
     _call(a, **SAFE_GATE_FLAGS._asdict(), state_v_first=True, out=arr((4, 1, 8, 128), ptr=BASE * 2), stream=7)
     (p, launch_args, _), (p2, launch_args2, _) = fake_launch
     assert p.v_first is False and p2.v_first is True and p._replace(v_first=True) == p2
-    assert launch_args[8:10] == launch_args2[8:10] == (BASE * 5, 16)   # the pool itself, no copy
+    assert launch_args[8:11] == launch_args2[8:11] == (BASE * 5, 16, 8 * 128 * 128)   # the pool itself, no copy
+
+
+def test_pool_view_rows_reach_the_kernel(fake_launch):
+    """A pool that is a view of a larger cache (rows 2 states apart): its own pointer and row stride."""
+    a = args(state=arr((16, 8, 128, 128), ptr=BASE * 5, strides=(2 * 8 * 128 * 128, 128 * 128, 128, 1)))
+    _call(a, **SAFE_GATE_FLAGS._asdict(), state_v_first=True, out=arr((4, 1, 8, 128), ptr=BASE * 2), stream=7)
+    ((_, launch_args, _),) = fake_launch
+    assert launch_args[8:11] == (BASE * 5, 16, 2 * 8 * 128 * 128)
+
+
+@pytest.mark.parametrize("strides, match", [
+    ((8 * 128 * 128, 128 * 128, 1, 128), "contiguous within each row"),
+    ((128 * 128, 128 * 128, 128, 1), "rows overlap"),
+])
+def test_pool_rows_must_be_contiguous_and_apart(strides, match):
+    with pytest.raises(ValueError, match=f"initial_state.*{match}|initial_state's {match}"):
+        validate_kda_decode(**args(state=arr((16, 8, 128, 128), "float32", strides=strides)))
 
 
 def test_speculative_call_passes_the_index_table(fake_launch):
@@ -226,7 +243,8 @@ def test_speculative_call_passes_the_index_table(fake_launch):
     (p, first, _), (p2, second, _) = fake_launch
     assert p == p2 and first == second
     assert (p.index_cols, p.tokens) == (3, 2)
-    assert first[8:14] == (BASE * 5, 16, BASE * 6, 8, 3, BASE * 7)   # pool, P, table, row stride, C, accepted
+    # pool, P, its row stride, table, the table's row stride, C, accepted
+    assert first[8:15] == (BASE * 5, 16, 8 * 128 * 128, BASE * 6, 8, 3, BASE * 7)
 
 
 def test_index_values_checked_on_request():

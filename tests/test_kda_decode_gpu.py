@@ -484,6 +484,32 @@ def test_k_first_and_v_first_pools_give_the_same_step(gate, K, state_dtype):
         assert padded and (outs[1][padded] == 0).all()
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+def test_pool_view_of_a_larger_cache(layout, state_dtype):
+    """The pool as engines keep it: a view of a cache holding two layers' states per slot (rows
+    2 states apart). Its rows advance in place bit for bit as a contiguous pool's do, for a step
+    and a speculative step, and the other layer's states are never touched."""
+    B, H, K, P = 9, 4, 128, 32
+    for T, spec in ((1, False), (3, True)):
+        x, pool = make(B, T, H, K, P, state_dtype, seed=71 + T)
+        pool = in_layout(pool, layout)
+        cache = torch.randn(P, 2, *pool.shape[1:], device="cuda").to(pool.dtype)
+        cache[:, 0] = pool
+        other = cache[:, 1].clone()
+        if spec:
+            idx, acc = spec_table(B, T, P, pad_seqs={3}, pad_cells=0.2, dtype=torch.int32)
+            rows = dict(ssm_state_indices=idx, num_accepted_tokens=acc)
+        else:
+            idx = torch.randperm(P, device="cuda")[:B].to(torch.int32)
+            idx[2] = -1
+            rows = dict(state_indices=idx)
+        o_view = decode(x, SAFE, layout, initial_state=cache[:, 0], **rows)
+        o = decode(x, SAFE, layout, initial_state=pool, **rows)
+        assert torch.equal(o_view, o) and torch.equal(cache[:, 0], pool)
+        assert torch.equal(cache[:, 1], other), "the other layer's states are not touched"
+
+
 @pytest.mark.parametrize("stages", [2, 3, None])
 def test_k_first_ring_depths_agree(stages):
     """K-first tiles are whole states: only the ring depth can be overridden (and rows_per_thread

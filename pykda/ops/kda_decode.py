@@ -15,7 +15,8 @@ from .. import runtime
 from ..runtime.arrays import CallArrays, contiguous_strides
 from .kda import check_kda_inputs
 from .kda_variant import KdaFlags, KdaVariant, resolve_variant
-from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim, check_same_device, check_shape, check_stages, Memo, resolve_scale)
+from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim,
+                     check_rows_contiguous, check_same_device, check_shape, check_stages, Memo, resolve_scale)
 
 STATE_CTYPES = {"float32": "float", "bfloat16": "bf16_t"}
 INDEX_CTYPES = {"int32": "int", "int64": "long long"}
@@ -24,8 +25,8 @@ RING_STAGES = 3
 MAX_STAGED_TOKENS = 8 # tokens per tile whose inputs ride the ring (more are read from global memory)
 # the kernel's parameters, in order, as `runtime.signature` gives them: pointers as int, the
 # Layout struct (18 int64 strides) by its byte length
-KERNEL_SIGNATURE = (int,) * 5 + (18 * 8,) + (int,) * 3 + (np.int32, int, np.int64, np.int32, int, int, np.int32,
-                                                          np.int32, np.int32, int, float, float)
+KERNEL_SIGNATURE = (int,) * 5 + (18 * 8,) + (int,) * 3 + (np.int32, np.int64, int, np.int64, np.int32, int, int,
+                                                          np.int32, np.int32, np.int32, int, float, float)
 
 
 class KdaDecodeProblem(NamedTuple):
@@ -170,7 +171,7 @@ def validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, 
     check_ndim(state, "initial_state", 4, layout)
     P = state.shape[0]
     check_shape(state, "initial_state", (P, H, K, K), layout)
-    check_contiguous(state, "initial_state")
+    check_rows_contiguous(state, "initial_state")   # rows any distance apart: a view of a larger cache
     check_aligned(state, "initial_state", 16)
     if cu_seqlens is not None:
         check_dtype(cu_seqlens, "cu_seqlens", tuple(INDEX_CTYPES))
@@ -259,6 +260,7 @@ class KdaDecodeCall(NamedTuple):
     config: runtime.LaunchConfig
     layout: bytes             # the kernel's `Layout` struct: 18 element strides
     pool_rows: np.int32
+    pool_stride: np.int64     # elements from one pool row to the next
     idx_stride: np.int64      # row stride of 2-D state_indices (0 otherwise)
     idx_cols: np.int32        # its columns (0 otherwise)
     tokens: np.int32
@@ -284,7 +286,8 @@ def prepare_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, n
     layout = np.asarray(q.strides[:3] + k.strides[:3] + g.strides[:3] + v.strides[:3] + tuple(beta.strides)
                         + tuple(o_strides[:3]), dtype=np.int64).tobytes()
     idx_stride = np.int64(state_indices.strides[0] if p.index_cols else 0)
-    return KdaDecodeCall(p, plan, launcher, config, layout, np.int32(p.pool_rows), idx_stride, np.int32(p.index_cols),
+    return KdaDecodeCall(p, plan, launcher, config, layout, np.int32(p.pool_rows), np.int64(state.strides[0]),
+                         idx_stride, np.int32(p.index_cols),
                          *map(np.int32, (p.tokens, p.heads, plan.n_tiles)), p.variant.lower_bound, scale)
 
 
@@ -348,7 +351,7 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
     q_p, k_p, v_p, g_p, beta_p, a_p, dt_p, state_p, idx_p, acc_p, cu_p, o_p = arrays.ptrs   # 0 for None
     if out is None:   # o has v's shape and dtype
         out, o_p = arrays.new_contiguous_like(2)
-    call.launcher(call.config, (q_p, k_p, g_p, v_p, beta_p, call.layout, a_p, dt_p, state_p, call.pool_rows, idx_p,
-                                call.idx_stride, call.idx_cols, acc_p, cu_p, call.tokens, call.heads, call.n_tiles, o_p,
-                                call.lower_bound, call.scale), strm)
+    call.launcher(call.config, (q_p, k_p, g_p, v_p, beta_p, call.layout, a_p, dt_p, state_p, call.pool_rows,
+                                call.pool_stride, idx_p, call.idx_stride, call.idx_cols, acc_p, cu_p, call.tokens,
+                                call.heads, call.n_tiles, o_p, call.lower_bound, call.scale), strm)
     return arrays.result(out), (initial_state if output_final_state else None)
