@@ -327,6 +327,8 @@ def test_decode_grid_rows_peers_and_summary(decode_on_cpu, bench_main, monkeypat
     from pykda.bench import decode
     monkeypatch.setattr(decode, "GRID", [(1, 4, 2, 8, 16, False), (3, 4, 1, 16, 24, True)])
     monkeypatch.setattr(decode, "GRID_COPY_BYTES", 1000)
+    copies = []
+    monkeypatch.setattr(_Timer, "copy_us", lambda self, nbytes, **kw: copies.append(nbytes) or 5.0, raising=False)
     seen = []
 
     def fake_fi(q, k_hnd, v_hnd, lens, batched):
@@ -346,8 +348,10 @@ def test_decode_grid_rows_peers_and_summary(decode_on_cpu, bench_main, monkeypat
     assert all(r["err"] < 1e-2 and r["peers"]["fi"]["err"] < 1e-2 for r in rows)
     assert rows[1]["peers"]["fi-tc"]["us"] is None
     assert all(r["pct_same"] == 50.0 for r in rows)   # the stand-in copy (5 µs) over pykda's 10 µs
+    # each reference copy moves what the kernel moves (the row's bytes): half of them read, half written
+    assert copies == [round(r["tbs"] * r["us"] * 1e6) // 2 for r in rows] and copies[0] > 512
     assert "grid: 2 shapes; best peer µs / pykda µs: worst 1.00" in out and "median 1.00 over 2 shapes" in out
-    assert "50-50 % of a same-size copy" in out
+    assert "50-50 % of the bandwidth of a copy moving as many bytes" in out
 
 
 class _FakeFlashInfer:
