@@ -25,6 +25,8 @@ Two ways in, with pykda's keywords:
   size or another longest request compiles the step again; automatic dynamic shapes turn the
   longest request into a symbolic int after one recompile only where the wrapper is a local or
   closure variable of the compiled function, not an ``nn.Module`` attribute or a global).
+  Plan with ``max_kv_len=`` (an upper bound on the requests' rows, e.g. the model's context
+  length) and the layout stays the same as requests grow: one graph per batch size.
 - ``torch.ops.pykda.<op>(...)``: the raw ops. A custom op cannot return (an alias of) one of
   its inputs, so every result slot that the eager function fills in place comes back as an
   EMPTY PLACEHOLDER (0 elements) and the result is in the buffer you passed:

@@ -211,6 +211,25 @@ def test_bad_run_arguments_raise_before_any_launch(offline, case, exc, message):
     assert offline["launches"] == []
 
 
+def test_max_kv_len_fixes_the_split_as_requests_grow(offline):
+    """plan(max_kv_len=L): the chunk split of L rows whatever the longest request, so plans of
+    growing requests keep one layout (one compiled graph); below the longest, or not an int: refused."""
+    hq, hkv, d = 32, 8, 128
+    layouts = []
+    for lens in ([100, 0, 33], [101, 7, 34], [900, 5, 1]):
+        dec = planned(lens, hq, hkv, d, max_kv_len=4096)
+        layouts.append(dec._layout)
+        dec.run(arr((3, hq, d)), *caches())
+    assert len(set(layouts)) == 1 and layouts[0].max_rows == 4096
+    p = decode.DecodeProblem(4096, hq, hkv, d, "bfloat16", 3)
+    grids = {launch[1] for launch in offline["launches"]}
+    assert grids == {(decode.plan_decode(p, **H200).n_chunks, hkv, 3)}, "the split of 4096 rows, each time"
+    assert planned([100, 0, 33], hq, hkv, d)._layout.max_rows == 100, "without it: the longest request"
+    for bad in (99, 1 << 31, 100.0, True):
+        with pytest.raises(ValueError, match=r"max_kv_len must be an int from the longest request's rows \(100\)"):
+            planned([100, 0, 33], hq, hkv, d, max_kv_len=bad)
+
+
 @pytest.mark.parametrize("page_size", [1, 8, 16, 64, 128])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_run_is_one_launch_with_the_page_table(offline, page_size, layout):

@@ -107,6 +107,16 @@ def test_split_requests_merge_with_scale(page_size):
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
+def test_max_kv_len_plans_for_longer_requests(page_size):
+    """plan(max_kv_len=) far above the longest request: the split's spare chunks find no rows
+    and the merge ignores them; the results are the reference's."""
+    lens = [1000, 0, 1, 300, page_size + 1]
+    q, k, v, tables = make(lens, page_size, 32, 8, 128, "bfloat16", "NHD", seed=31 + page_size)
+    o, lse = decode(q, k, v, tables, page_size, "NHD", 8, max_kv_len=131072)
+    check(o, lse, expected(q, k, v, tables, "NHD"), lens, "bfloat16")
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
 def test_k_and_v_as_views_of_one_buffer(page_size):
     """FlashInfer's [num_pages, 2, ...] cache: K and V strided views with equal strides."""
     lens = [700, 33, 0]

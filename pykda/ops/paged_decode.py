@@ -249,25 +249,28 @@ class BatchDecodeWithPagedKVCache:
 
     def plan(self, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads: int, num_kv_heads: int, head_dim: int,
              page_size: int, *, scale: float | None = None, chunk_size: int | None = None,
-             stages: int | None = None) -> None:
+             stages: int | None = None, max_kv_len: int | None = None) -> None:
         """Check the page table and fix the batch layout for `run()` (see the class). `scale`
         defaults to 1/sqrt(head_dim); `chunk_size` and `stages` override the planner as in
-        `batch_decode_with_padded_kv_cache`."""
+        `batch_decode_with_padded_kv_cache`. `max_kv_len` (>= every request's rows) plans the
+        chunk split for that length instead of the longest request's, so that plans of growing
+        requests keep one layout (one compiled graph under torch.compile); None: the longest."""
         self._check_sizes(num_qo_heads, num_kv_heads, head_dim, page_size, stages)
         indices = _page_ids(kv_indices, "kv_indices", 1, "[num_page_entries]")
         indptr = host_int32(kv_indptr, "kv_indptr")
         rows = request_rows(indptr, host_int32(kv_last_page_len, "kv_last_page_len"), indices.shape[0], page_size)
         self._set_tables(rows, indptr[:-1], kv_indices, indices, num_qo_heads, num_kv_heads, head_dim, page_size,
-                         scale, chunk_size, stages)
+                         scale, chunk_size, stages, max_kv_len)
 
     def plan_block_tables(self, block_tables, seq_lens, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                           page_size: int, *, scale: float | None = None, chunk_size: int | None = None,
-                          stages: int | None = None) -> None:
+                          stages: int | None = None, max_kv_len: int | None = None) -> None:
         """`plan()` for vLLM's block table: request b's pages are `block_tables[b, :]` in order
         (int32 on the device, [batch, max_blocks], rows contiguous; a view of a wider table is
         fine) and it holds `seq_lens[b]` rows (int32, host or device: read here), at most
         max_blocks · page_size. No table is copied: `run()` reads the pages from block_tables
-        (keep it alive; a graph captured around `run()` stays valid when its rows change)."""
+        (keep it alive; a graph captured around `run()` stays valid when its rows change).
+        `max_kv_len` as in `plan()`."""
         self._check_sizes(num_qo_heads, num_kv_heads, head_dim, page_size, stages)
         table = _page_ids(block_tables, "block_tables", 2, "[batch, max_blocks]")
         batch, max_blocks = table.shape
@@ -284,17 +287,23 @@ class BatchDecodeWithPagedKVCache:
             raise ValueError(f"block_tables is too large: row {batch - 1} starts at entry {starts[-1]} (at most "
                              f"{MAX_ROWS})")
         self._set_tables(rows, starts, block_tables, table, num_qo_heads, num_kv_heads, head_dim, page_size, scale,
-                         chunk_size, stages)
+                         chunk_size, stages, max_kv_len)
 
     def _set_tables(self, rows, starts, pages_obj, pages: DeviceArray, num_qo_heads, num_kv_heads, head_dim,
-                    page_size, scale, chunk_size, stages) -> None:
+                    page_size, scale, chunk_size, stages, max_kv_len) -> None:
         """Fix the batch layout and copy each request's rows and first page entry to the device
         (rewritten in place while they fit); run() reads request b's pages from pages[starts[b]:]."""
         batch = rows.shape[0]
+        longest = int(rows.max()) if batch else 0
+        if max_kv_len is not None:
+            if isinstance(max_kv_len, bool) or not isinstance(max_kv_len, (int, np.integer)) or \
+                    not longest <= max_kv_len <= MAX_ROWS:
+                raise ValueError(f"max_kv_len must be an int from the longest request's rows ({longest}) to "
+                                 f"{MAX_ROWS}; got {max_kv_len!r}")
+            longest = int(max_kv_len)
         decode.check_grid(decode.DecodeProblem(1, num_qo_heads, num_kv_heads, head_dim, "bfloat16", batch))
         layout = PagedLayout(batch, num_qo_heads, num_kv_heads, head_dim, page_size, self.kv_layout,
-                             int(rows.max()) if batch else 0, pages.device, resolve_scale(scale, head_dim), chunk_size,
-                             stages)
+                             longest, pages.device, resolve_scale(scale, head_dim), chunk_size, stages)
         runtime.require_gpu()
         tables = np.concatenate([rows, starts]).astype(np.int32)
         if self._tables_at[0] != pages.device or self._tables_at[1] < tables.size:   # else rewritten in place
