@@ -111,7 +111,10 @@ def test_a_full_racecheck_hazard_table_fails_and_is_named():
     assert r.problems == ["2 sanitizer reports", table] and "kernels: kda_recurrence (2)" in r.line()
 
 
-def test_racecheck_runs_with_a_large_hazard_table(monkeypatch, tmp_path):
+@pytest.fixture
+def popen_env(monkeypatch):
+    """subprocess.Popen faked: each tool's run exits 0 at once; `seen["env"]` is the last run's
+    environment."""
     seen = {}
 
     class Proc:
@@ -122,6 +125,11 @@ def test_racecheck_runs_with_a_large_hazard_table(monkeypatch, tmp_path):
         def wait(self, timeout=None):
             return 0
     monkeypatch.setattr(sanitize.subprocess, "Popen", Proc)
+    return seen
+
+
+def test_racecheck_runs_with_a_large_hazard_table(monkeypatch, tmp_path, popen_env):
+    seen = popen_env
     monkeypatch.delenv(sanitize.RACECHECK_HAZARDS_ENV, raising=False)
     sanitize.run_tool("compute-sanitizer", "racecheck", tmp_path, cwd=tmp_path)
     assert seen["env"][sanitize.RACECHECK_HAZARDS_ENV] == str(sanitize.RACECHECK_MAX_HAZARDS)
@@ -129,19 +137,10 @@ def test_racecheck_runs_with_a_large_hazard_table(monkeypatch, tmp_path):
     assert sanitize.RACECHECK_HAZARDS_ENV not in seen["env"]
 
 
-def test_racecheck_alone_checks_kernels_built_for_it(monkeypatch, tmp_path):
+def test_racecheck_alone_checks_kernels_built_for_it(monkeypatch, tmp_path, popen_env):
     """PYKDA_SANITIZE=1 for racecheck (kda_recurrence's every-thread hand-back); the other tools
     check the shipped kernels, even where the caller's environment sets it."""
-    seen = {}
-
-    class Proc:
-        def __init__(self, cmd, env=None, **kw):
-            seen["env"] = env
-            self.returncode = 0
-
-        def wait(self, timeout=None):
-            return 0
-    monkeypatch.setattr(sanitize.subprocess, "Popen", Proc)
+    seen = popen_env
     monkeypatch.setenv("PYKDA_SANITIZE", "1")
     sanitize.run_tool("compute-sanitizer", "memcheck", tmp_path, cwd=tmp_path)
     assert "PYKDA_SANITIZE" not in seen["env"]
