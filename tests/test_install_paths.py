@@ -46,3 +46,11 @@ def test_readme_shows_both_installs_and_ci_runs_its_test_command_as_written():
     (test_command,) = [c for c in commands if "pytest" in c]
     ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()]
     assert test_command in ci_lines
+
+
+def test_every_python_package_of_the_tree_is_installed():
+    """setuptools installs the packages pyproject.toml lists: each folder of pykda/ holding an
+    __init__.py must be among them (else `pip install .` ships a pykda without it)."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "pykda").rglob("__init__.py")}
+    assert found <= listed, sorted(found - listed)
