@@ -78,14 +78,24 @@ def uneven_lengths(batch: int, longest: int, seed: int):
 
 
 def _reference(q, k_nhd, v_nhd, lens=None):
-    """float64 outputs [B, Hq, D] as NumPy, one KV head (and its group of query heads) of a few
-    sequences per pass, about REF_ROWS KV rows each (one sequence per pass with `lens`, each its
-    own length); CuPy's pool is emptied after, for the torch tensors of the next shape."""
+    """float64 outputs [B, Hq, D] as NumPy (one sequence per pass with `lens`, each its own
+    length); CuPy's pool is emptied after, for the torch tensors of the next shape."""
     import cupy as cp
     import numpy as np
-    if lens is not None:
-        return np.concatenate([_reference(q[b:b + 1], k_nhd[b:b + 1, :n], v_nhd[b:b + 1, :n])
-                               for b, n in enumerate(lens)])
+    if lens is None:
+        o = _reference_rows(q, k_nhd, v_nhd)
+    else:
+        o = np.concatenate([_reference_rows(q[b:b + 1], k_nhd[b:b + 1, :n], v_nhd[b:b + 1, :n])
+                            for b, n in enumerate(lens)])
+    cp.get_default_memory_pool().free_all_blocks()
+    return o
+
+
+def _reference_rows(q, k_nhd, v_nhd):
+    """float64 outputs of sequences of k's full length, one KV head (and its group of query
+    heads) of a few sequences per pass, about REF_ROWS KV rows each."""
+    import cupy as cp
+    import numpy as np
     hkv = k_nhd.shape[2]
     group = q.shape[1] // hkv
     step = max(1, REF_ROWS // max(k_nhd.shape[1], 1))
@@ -95,7 +105,6 @@ def _reference(q, k_nhd, v_nhd, lens=None):
             q[b:b + step, h * group:(h + 1) * group], k_nhd[b:b + step, :, h:h + 1], v_nhd[b:b + step, :, h:h + 1])))[0]
             for h in range(hkv)]
         parts.append(cp.asnumpy(cp.concatenate(heads, axis=1)))
-    cp.get_default_memory_pool().free_all_blocks()
     return np.concatenate(parts)
 
 
