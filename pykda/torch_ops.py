@@ -337,14 +337,10 @@ class BatchDecodeWithPagedKVCache(_paged.BatchDecodeWithPagedKVCache):
     again). `run()` takes pykda's eager path where the op cannot: `stream=` given, or an array
     that is not a torch tensor (CuPy inputs, or a plan made from CuPy kv_indices)."""
 
-    def run(self, q, k_cache, v_cache=None, *, out=None, return_lse: bool = False, stream=None):
-        if self._layout is None:
-            raise RuntimeError("BatchDecodeWithPagedKVCache: call plan() before run()")
-        if v_cache is None and isinstance(k_cache, tuple):
-            k_cache, v_cache = k_cache
+    def _launch(self, q, k_cache, v_cache, out, return_lse: bool, stream):
         if stream is not None or not _all_tensors(q, k_cache, v_cache, self._tables, self._indices) or not (
                 out is None or isinstance(out, Tensor)):
-            return super().run(q, k_cache, v_cache, out=out, return_lse=return_lse, stream=stream)
+            return super()._launch(q, k_cache, v_cache, out, return_lse, stream)
         o, lse = _PAGED(q, k_cache, v_cache, self._tables, self._indices, *self._layout, out, return_lse=return_lse)
         o = o if out is None else out
         return (o, lse) if return_lse else o

@@ -323,5 +323,10 @@ class BatchDecodeWithPagedKVCache:
             raise RuntimeError("BatchDecodeWithPagedKVCache: call plan() before run()")
         if v_cache is None and isinstance(k_cache, tuple):
             k_cache, v_cache = k_cache
+        return self._launch(q, k_cache, v_cache, out, return_lse, stream)
+
+    def _launch(self, q, k_cache, v_cache, out, return_lse: bool, stream):
+        """run()'s launch once the plan and the caches are known (pykda.torch_ops' subclass
+        routes it through the torch op)."""
         return run_planned(self._layout, self._tables_ptr, self._indices_ptr, q, k_cache, v_cache, out, return_lse,
                            stream)
