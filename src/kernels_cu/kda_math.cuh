@@ -7,6 +7,7 @@
 
 constexpr float KDA_L2_EPS = 1e-6f;
 constexpr float KDA_LOG2E = 1.4426950408889634f;
+constexpr float KDA_LN2 = 0.6931471805599453f;
 
 // Gate modes: how the log-decay a (natural log, <= 0) of one key dimension comes from g.
 //   SAFE      a = lower_bound · sigmoid(exp(A_log) · (g + dt_bias))       bounded: (lower_bound, 0)
@@ -19,13 +20,17 @@ enum KdaBeta { KDA_BETA_LOGIT = 0, KDA_BETA_LOGIT2 = 1, KDA_BETA_PROB = 2 };
 // Logistic function with the accurate expf: sigmoid(-inf) = 0, sigmoid(+inf) = 1, NaN stays NaN.
 PYKDA_DEVICE float kda_sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 
-// softplus(x) = log(1 + e^x) on the fast intrinsics, within 3e-5 relative (__logf's absolute
+// softplus(x) = log(1 + e^x) on the fast intrinsics, within 3e-5 relative (lg2.approx's absolute
 // error of 4e-7 at the smallest results): x past 15 (the e^-x dropped is below fp32's resolution of x); log1p's series
 // y (1 − y (1/2 − y/3)) with y = e^x below −4 (the y⁴/4 dropped is < 2e-6 of it); log(1 + e^x)
-// between, where 1 + e^x >= 1.018 (its rounding < 7e-6 of the result).
+// between, where 1 + e^x >= 1.018 (its rounding < 7e-6 of the result). All three are computed and
+// one selected: no branch per element (kda_prepare runs this on every element of g).
 PYKDA_DEVICE float kda_softplus(float x) {
-  const float y = __expf(x);
-  return x > 15.f ? x : (x < -4.f ? y * (1.f - y * (0.5f - y * (1.f / 3.f))) : __logf(1.f + y));
+  const float y = fast_exp2(x * KDA_LOG2E);   // e^x (flushed to 0 below e^-87: softplus is then e^x, ~0)
+  const float series = y * (1.f - y * (0.5f - y * (1.f / 3.f)));
+  const float logged = fast_log2(1.f + y) * KDA_LN2;
+  const float below = x < -4.f ? series : logged;
+  return x > 15.f ? x : below;
 }
 
 // 1 / sqrt(Σx² + eps): multiply a row of q or k by this to L2-normalise it.
