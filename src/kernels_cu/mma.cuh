@@ -27,6 +27,15 @@ PYKDA_DEVICE void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
 }
 
+// Four 8x8 16-bit matrices from registers into shared memory, transposed: thread l's register i
+// holds elements (l / 4, 2(l % 4)..+1) of matrix i, stored at rows 2(l % 4)..+1, column l / 4 of
+// the matrix whose 8 row addresses lanes 8i..8i+7 give.
+PYKDA_DEVICE void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 // Split two fp32 values into bf16x2 hi and lo parts: x ≈ hi + lo to ~16 bits.
 PYKDA_DEVICE void split_bf16x2(float x, float y, uint32_t& hi, uint32_t& lo) {
   hi = pack2<bf16_t>(x, y);
