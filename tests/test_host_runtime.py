@@ -2,6 +2,7 @@
 parameter buffer and launch configurations, the stream lookup."""
 import ctypes
 import struct
+import sys
 import types
 
 import numpy as np
@@ -406,3 +407,33 @@ def test_bound_launch_arguments_must_match_the_signature(args, message):
     launcher = launch.Kernel(types.SimpleNamespace(ptr=0), "k", 0).launcher_for((int, np.int32))
     with pytest.raises(TypeError, match=message):
         launcher.bind(launcher.config((1, 1, 1), (32, 1, 1), 0), args, launch.CallValues((int, 128)))
+
+
+def test_a_launch_without_a_current_context_is_made_again_within_the_devices(monkeypatch):
+    """cuLaunchKernelEx's CUDA_ERROR_INVALID_CONTEXT (a thread that never touched the device):
+    the launch is repeated inside `cupy.cuda.Device(kernel.device)`, for plain and bound launches."""
+    entered = []
+
+    class Device:
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            entered.append(self.index)
+
+        def __exit__(self, *exc):
+            entered.append("exit")
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(Device=Device)))
+    statuses = []
+
+    def driver_launch(config_ref, handle, params, extra):
+        statuses.append(201 if not entered or entered[-1] == "exit" else 0)   # 0 inside the device's context
+        return statuses[-1]
+    monkeypatch.setattr(launch, "_driver", lambda: (driver_launch, lambda code, out: 1))
+    k = launch.Kernel(types.SimpleNamespace(ptr=0), "k", 3)
+    k.launch((1, 1, 1), (32, 1, 1), (1,), 0, 0)
+    launcher = k.launcher_for((int,))
+    values = launch.CallValues((int,))
+    bound = launcher.bind(launcher.config((1, 1, 1), (32, 1, 1), 0), (launch.PerCall(0),), values)
+    values.launch((5,), (bound,), 0)
+    assert statuses == [201, 0] * 2 and entered == [3, "exit"] * 2

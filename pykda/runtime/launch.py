@@ -133,7 +133,9 @@ class Launcher:
         with self.kernel._lock:   # the buffer and the config's stream are shared
             self.layout.pack_into(self.buffer, 0, *args)
             config.stream = stream
-            _launch(self.kernel, config, self.pointers)
+            status = _driver()[0](config.ref, self.kernel._handle, self.pointers, None)
+            if status:
+                _retry_or_raise(status, self.kernel, config, self.pointers)
 
     def bind(self, config: LaunchConfig, args: tuple, values: "CallValues") -> "BoundLaunch":
         """A launch of this kernel in `config` (its own copy) whose arguments are `args`: the
@@ -199,18 +201,19 @@ class BoundLaunch:
         caller holds their lock: `CallValues.launch`)."""
         config = self.config
         config.stream = stream
-        _launch(self.kernel, config, self.pointers)
+        status = _driver()[0](config.ref, self.kernel._handle, self.pointers, None)
+        if status:
+            _retry_or_raise(status, self.kernel, config, self.pointers)
 
 
-def _launch(kernel: "Kernel", config: LaunchConfig, pointers) -> None:
-    """cuLaunchKernelEx of `kernel` in `config` with the parameters at `pointers` (the caller
-    keeps them and the config's stream to itself meanwhile)."""
-    ref = config.ref
-    status = _driver()[0](ref, kernel._handle, pointers, None)
-    if status == _ERROR_INVALID_CONTEXT:   # a thread without a current context: take the device's
+def _retry_or_raise(status: int, kernel: "Kernel", config: LaunchConfig, pointers) -> None:
+    """After cuLaunchKernelEx of `kernel` in `config` (parameters at `pointers`) returned
+    `status` != 0: in a thread without a current context, launch again within the device's; a
+    failure raises RuntimeError naming the kernel and its geometry."""
+    if status == _ERROR_INVALID_CONTEXT:
         import cupy
         with cupy.cuda.Device(kernel.device):
-            status = _driver()[0](ref, kernel._handle, pointers, None)
+            status = _driver()[0](config.ref, kernel._handle, pointers, None)
     if status != 0:
         raise RuntimeError(f"cuLaunchKernelEx({kernel.name}) failed: {_error_name(status)} (grid "
                            f"{(config.grid_x, config.grid_y, config.grid_z)}, block "
