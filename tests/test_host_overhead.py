@@ -315,6 +315,41 @@ def test_stubbed_chunk_kda_runs_every_launch():
         assert rec[10] == rec[11] == pool.data_ptr() and rec[13] == idx.data_ptr()   # the pool, in place
 
 
+def test_stubbed_rank_slice_launches_around_its_start(monkeypatch):
+    """A rank's slice on the real launch path: prepare, pass 1 and the scan of its map (into the
+    call's new map array), then start_of, then the scan of the starts from the start it returned
+    and pass 2; the call's values are packed again for those two."""
+    twin = cpu_twin_of_arrays()
+    monkeypatch.setattr(kda, "as_device_array", twin.as_device_array)   # start_of's result: a CPU tensor here
+    g = torch.Generator().manual_seed(2)
+    B, T, H = 2, 1000, 2
+    x = {n: torch.randn(B, T, H, D, generator=g).to(torch.bfloat16) for n in ("q", "k", "v", "g")}
+    x["beta"] = torch.randn(B, T, H, generator=g).to(torch.bfloat16)
+    made = []
+
+    def start_of(total):
+        made.append((total, torch.zeros(B, H, D, D)))
+        return made[-1][1]
+    with stubbed_gpu(twin):
+        seen, spy = _driver_reads({len(sig): sig for sig in (kda.PREPARE_SIGNATURE, kda.RECURRENCE_SIGNATURE,
+                                                             kda.SCAN_SIGNATURE)})
+        entries = launch._driver()
+        launch._driver = lambda: (spy,) + entries[1:]
+        for _ in range(2):
+            o, fs = kda.chunk_kda_slice(*(x[n] for n in ("q", "k", "v", "g", "beta")), start_of, A_log=torch.randn(H),
+                                        dt_bias=torch.randn(H * D), **SAFE_GATE_FLAGS._asdict(),
+                                        output_final_state=True, segment_chunks=5, warps=4)
+    sigs = [kda.PREPARE_SIGNATURE, kda.RECURRENCE_SIGNATURE, kda.SCAN_SIGNATURE, kda.SCAN_SIGNATURE,
+            kda.RECURRENCE_SIGNATURE]
+    assert [sig for sig, _ in seen] == sigs * 2
+    (_, prep), (_, pass1), (_, total_scan), (_, start_scan), (_, pass2) = seen[5:]
+    total, start = made[-1]
+    assert total_scan[-1] == total.data_ptr() and start_scan[-1] == start.data_ptr()
+    assert total_scan[:-1] == start_scan[:-1] and total_scan[0] != 0   # the maps, after the records
+    assert pass1 == pass2 and pass2[6] == o.data_ptr() and pass2[11] == fs.data_ptr()
+    assert prep[-1] == pass2[1] and pass2[18] == 5   # the records; chunks per segment
+
+
 def test_the_measurement_script_runs(monkeypatch):
     """`python tests/test_host_overhead.py` (shortened): every piece times a call that works."""
     monkeypatch.setattr(sys.modules[__name__], "SCALE", 0.01)
