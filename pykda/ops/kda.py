@@ -431,8 +431,9 @@ def check_checkpoints(buf: DeviceArray | None, p: KdaProblem, every: int) -> int
 def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state, cu_seqlens,
                       out, final_state, intermediate_states, scale, flags, state_v_first, chunk_size, warps, stages,
                       segment_chunks, longest, output_final_state, checkpoint_every=0, rank=False) -> KdaCall:
-    """Validate a call, plan it and make everything its launches need but the pointers, the
-    workspace and the stream (kernels compiled on first use). `flags`: KdaFlags or a tuple of its
+    """Validate a call, plan it and make everything its launches need but the call's values
+    (CALL_VALUES: pointers, v's tensor map, the workspace) and the stream: kernels (compiled on
+    first use) bound to their constant arguments. `flags`: KdaFlags or a tuple of its
     fields (the hot path's key holds a plain tuple). `checkpoint_every`: tokens between
     checkpoints (0: none). `rank`: a rank's slice (chunk_kda_slice)."""
     p = validate_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state, cu_seqlens,
