@@ -1,7 +1,9 @@
 """Stand-ins for device arrays and compiled kernels, for CPU tests of argument checks and launch
 sequences (the pointers are never used)."""
+import numpy as np
+
 from pykda.runtime.arrays import DeviceArray, contiguous_strides
-from pykda.runtime.launch import param_layout, signature
+from pykda.runtime.launch import PerCall, param_layout, signature
 
 BASE = 1 << 30   # a 16-byte aligned fake address
 
@@ -32,6 +34,17 @@ class FakeKernel:
                 assert signature(args) == sig
                 param_layout(args)
                 kernel.log.append((kernel.name, *config, args, kernel.spec))
+
+            def bind(self, config, args, values):
+                """A bound launch logging as the launcher does, with the call's values (read back
+                from their buffer, in their types) in place of the PerCall arguments."""
+                launcher = self
+
+                def bound(stream):
+                    packed = values.layout.unpack_from(values.buffer)
+                    now = [t(v) if t in (np.int32, np.int64) else v for v, t in zip(packed, values.sig)]
+                    launcher(config, tuple(now[a.index] if type(a) is PerCall else a for a in args), stream)
+                return bound
         return Launcher()
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import inspect
+import struct
 import sys
 import timeit
 import types
@@ -264,20 +265,89 @@ def test_stubbed_call_packs_the_kernel_parameters():
         assert np.float32(0.5) in args
 
 
+def _driver_reads(sigs: dict) -> tuple[list, object]:
+    """A spy for cuLaunchKernelEx that records, per launch, the kernel parameters the driver would
+    read through kernelParams (each decoded by the signature of its count in `sigs`), then calls
+    the stub; and the list it records into."""
+    seen, entry = [], launch._driver()[0]
+
+    def spy(config_ref, handle, params, extra):
+        sig = sigs[len(params)] if len(params) in sigs else pytest.fail(f"a launch of {len(params)} parameters")
+        args = []
+        for i, t in enumerate(sig):
+            if type(t) is int:   # a struct of t bytes
+                args.append(ctypes.string_at(params[i], t))
+            else:
+                code, size = launch._SCALARS[t]
+                args.append(struct.unpack("<" + code, ctypes.string_at(params[i], size))[0])
+        seen.append((sig, args))
+        return entry(config_ref, handle, params, extra)
+    return seen, spy
+
+
 def test_stubbed_chunk_kda_runs_every_launch():
     """The stubbed prefill call goes through validation, the plan and every launch, twice (the
-    second from the prepared call)."""
+    second from the prepared call); each launch's parameters, where the driver reads them, hold
+    the call's pointers (the tensors, the new output, the workspace) beside the prepared constants."""
     twin = cpu_twin_of_arrays()
     x, cu, pool, idx = prefill_inputs()
-    _SpyLauncher.calls = []
-    with stubbed_gpu(twin, _SpyLauncher) as kernels:
+    with stubbed_gpu(twin) as kernels:
+        seen, spy = _driver_reads({len(kda.PREPARE_SIGNATURE): kda.PREPARE_SIGNATURE,
+                                   len(kda.RECURRENCE_SIGNATURE): kda.RECURRENCE_SIGNATURE})
+        entries = launch._driver()
+        launch._driver = lambda: (spy,) + entries[1:]
+        outs = []
         for _ in range(2):
             o, final = kda.chunk_kda(**x, **PREFILL_FLAGS, cu_seqlens=cu, initial_state=pool, state_indices=idx,
                                      output_final_state=True)
             assert tuple(o.shape) == tuple(x["v"].shape) and final is pool
+            outs.append(o)
         assert len(kda.PREPARED.results) == 1
     assert set(kernels) == {"kda_prepare", "kda_recurrence"}   # too short for segments
-    assert [launch.signature(a) for a in _SpyLauncher.calls] == [kda.PREPARE_SIGNATURE, kda.RECURRENCE_SIGNATURE] * 2
+    assert [sig for sig, _ in seen] == [kda.PREPARE_SIGNATURE, kda.RECURRENCE_SIGNATURE] * 2
+    T = x["q"].shape[1]
+    for (_, prep), (_, rec), o in zip(seen[0::2], seen[1::2], outs):
+        for i, n in enumerate(("q", "k", "g", "beta")):   # each one's pointer and 3 strides
+            assert prep[4 * i:4 * i + 4] == [x[n].data_ptr(), *x[n].stride()[:3]]
+        assert prep[16:20] == [x["A_log"].data_ptr(), x["dt_bias"].data_ptr(), cu.data_ptr(), 0]
+        assert prep[20:22] == [len(PREFILL_LENGTHS), T] and prep[-1] == rec[1] != 0   # the records
+        assert rec[0] == bytes(128) and rec[2] == cu.data_ptr() and rec[6] == o.data_ptr()
+        assert rec[10] == rec[11] == pool.data_ptr() and rec[13] == idx.data_ptr()   # the pool, in place
+
+
+def test_stubbed_rank_slice_launches_around_its_start(monkeypatch):
+    """A rank's slice on the real launch path: prepare, pass 1 and the scan of its map (into the
+    call's new map array), then start_of, then the scan of the starts from the start it returned
+    and pass 2; the call's values are packed again for those two."""
+    twin = cpu_twin_of_arrays()
+    monkeypatch.setattr(kda, "as_device_array", twin.as_device_array)   # start_of's result: a CPU tensor here
+    g = torch.Generator().manual_seed(2)
+    B, T, H = 2, 1000, 2
+    x = {n: torch.randn(B, T, H, D, generator=g).to(torch.bfloat16) for n in ("q", "k", "v", "g")}
+    x["beta"] = torch.randn(B, T, H, generator=g).to(torch.bfloat16)
+    made = []
+
+    def start_of(total):
+        made.append((total, torch.zeros(B, H, D, D)))
+        return made[-1][1]
+    with stubbed_gpu(twin):
+        seen, spy = _driver_reads({len(sig): sig for sig in (kda.PREPARE_SIGNATURE, kda.RECURRENCE_SIGNATURE,
+                                                             kda.SCAN_SIGNATURE)})
+        entries = launch._driver()
+        launch._driver = lambda: (spy,) + entries[1:]
+        for _ in range(2):
+            o, fs = kda.chunk_kda_slice(*(x[n] for n in ("q", "k", "v", "g", "beta")), start_of, A_log=torch.randn(H),
+                                        dt_bias=torch.randn(H * D), **SAFE_GATE_FLAGS._asdict(),
+                                        output_final_state=True, segment_chunks=5, warps=4)
+    sigs = [kda.PREPARE_SIGNATURE, kda.RECURRENCE_SIGNATURE, kda.SCAN_SIGNATURE, kda.SCAN_SIGNATURE,
+            kda.RECURRENCE_SIGNATURE]
+    assert [sig for sig, _ in seen] == sigs * 2
+    (_, prep), (_, pass1), (_, total_scan), (_, start_scan), (_, pass2) = seen[5:]
+    total, start = made[-1]
+    assert total_scan[-1] == total.data_ptr() and start_scan[-1] == start.data_ptr()
+    assert total_scan[:-1] == start_scan[:-1] and total_scan[0] != 0   # the maps, after the records
+    assert pass1 == pass2 and pass2[6] == o.data_ptr() and pass2[11] == fs.data_ptr()
+    assert prep[-1] == pass2[1] and pass2[18] == 5   # the records; chunks per segment
 
 
 def test_the_measurement_script_runs(monkeypatch):

@@ -1,6 +1,8 @@
 """CPU tests of the host fast paths: the memoized validation key, DeviceArray views, the
 parameter buffer and launch configurations, the stream lookup."""
 import ctypes
+import struct
+import sys
 import types
 
 import numpy as np
@@ -361,3 +363,77 @@ def test_parameter_buffer_follows_types_and_struct_lengths(driver):
         assert got == tuple(int(a) if not isinstance(a, bytes) else a for a in args)
     with pytest.raises(TypeError, match="unsupported kernel argument type str"):
         k.launch((1, 1, 1), (32, 1, 1), ("x",), 0, 0)
+
+
+# ---- bound launches: constants packed once, the call's values read from one buffer ----
+def _read(pointers, sig):
+    """Each parameter where the driver reads it (`pointers[i]`), by the signature's types."""
+    out = []
+    for p, t in zip(pointers, sig):
+        if type(t) is int:   # a struct of t bytes
+            out.append(ctypes.string_at(p, t))
+        else:
+            code, size = launch._SCALARS[t]
+            out.append(struct.unpack("<" + code, ctypes.string_at(p, size))[0])
+    return out
+
+
+def test_bound_launches_read_their_constants_and_the_calls_values(driver):
+    sig = (int, np.int32, 128, np.float32, int, 16, np.int64)
+    k = launch.Kernel(types.SimpleNamespace(ptr=0), "k", 0)
+    launcher = k.launcher_for(sig)
+    values = launch.CallValues((int, 128, int))
+    at = [launch.PerCall(i) for i in range(3)]
+    first = launcher.bind(launcher.config((2, 1, 1), (32, 1, 1), 0), (at[0], np.int32(-3), at[1], np.float32(0.5),
+                                                                      at[2], bytes(range(16)), np.int64(9)), values)
+    second = launcher.bind(launcher.config((4, 1, 1), (32, 1, 1), 0), (at[2], np.int32(4), at[1], np.float32(1.5),
+                                                                       at[0], bytes(16), np.int64(-1)), values)
+    for call, stream in ((1, 7), (2, 8)):
+        tmap = bytes([call]) * 128
+        values.launch((call << 40, tmap, call << 20), (first, second), stream)
+        (g1, _, _, s1, _, p1), (g2, _, _, s2, _, p2) = driver.calls[-2:]
+        assert (g1, s1, g2, s2) == ((2, 1, 1), stream, (4, 1, 1), stream)
+        assert _read(p1, sig) == [call << 40, -3, tmap, 0.5, call << 20, bytes(range(16)), 9]
+        assert _read(p2, sig) == [call << 20, 4, tmap, 1.5, call << 40, bytes(16), -1]
+    assert launcher.config((2, 1, 1), (32, 1, 1), 0).stream is None   # each bound launch has a config of its own
+
+
+@pytest.mark.parametrize("args, message", [
+    ((launch.PerCall(1), np.int32(1)), r"argument 0 is 128, the kernel takes <class 'int'>"),
+    ((launch.PerCall(0), 1), r"argument 1 is <class 'int'>, the kernel takes <class 'numpy.int32'>"),
+    ((launch.PerCall(0),), "1 arguments for a kernel of 2"),
+])
+def test_bound_launch_arguments_must_match_the_signature(args, message):
+    launcher = launch.Kernel(types.SimpleNamespace(ptr=0), "k", 0).launcher_for((int, np.int32))
+    with pytest.raises(TypeError, match=message):
+        launcher.bind(launcher.config((1, 1, 1), (32, 1, 1), 0), args, launch.CallValues((int, 128)))
+
+
+def test_a_launch_without_a_current_context_is_made_again_within_the_devices(monkeypatch):
+    """cuLaunchKernelEx's CUDA_ERROR_INVALID_CONTEXT (a thread that never touched the device):
+    the launch is repeated inside `cupy.cuda.Device(kernel.device)`, for plain and bound launches."""
+    entered = []
+
+    class Device:
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            entered.append(self.index)
+
+        def __exit__(self, *exc):
+            entered.append("exit")
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(Device=Device)))
+    statuses = []
+
+    def driver_launch(config_ref, handle, params, extra):
+        statuses.append(201 if not entered or entered[-1] == "exit" else 0)   # 0 inside the device's context
+        return statuses[-1]
+    monkeypatch.setattr(launch, "_driver", lambda: (driver_launch, lambda code, out: 1))
+    k = launch.Kernel(types.SimpleNamespace(ptr=0), "k", 3)
+    k.launch((1, 1, 1), (32, 1, 1), (1,), 0, 0)
+    launcher = k.launcher_for((int,))
+    values = launch.CallValues((int,))
+    bound = launcher.bind(launcher.config((1, 1, 1), (32, 1, 1), 0), (launch.PerCall(0),), values)
+    values.launch((5,), (bound,), 0)
+    assert statuses == [201, 0] * 2 and entered == [3, "exit"] * 2

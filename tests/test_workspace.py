@@ -25,9 +25,9 @@ class FakeTensor:
     def get_device(self):
         return self.device
 
-    def new_empty(self, shape, dtype):
+    def new_empty(self, *size, dtype=None):   # torch's sizes as separate ints
         buf = FakeTensor(self.device)
-        buf.shape, buf.dtype = shape, dtype
+        buf.shape, buf.dtype = size, dtype
         self.made.append(buf)
         return buf
 

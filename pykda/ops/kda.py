@@ -357,11 +357,12 @@ PREPARE_SIGNATURE = (int, I64, I64, I64) * 4 + (int, int, int, I32, I32, I32, F3
 RECURRENCE_SIGNATURE = (128, int, int, I32, I32, I32, int, I64, I64, I64, int, int, I32, int, I32, I32, I64, int,
                         I32, I32, int, int, I32, I64)
 SCAN_SIGNATURE = (int, I32, I32, int, I32, I32, I32, int)
-
-
-class KdaLaunch(NamedTuple):
-    launcher: runtime.Launcher
-    config: runtime.LaunchConfig
+# what a call gives its launches anew (runtime.CallValues), in this order; all else is the prepared call's
+CALL_VALUES = ("v_map", "q", "k", "g", "beta", "A_log", "dt_bias", "initial_state", "state_indices",
+               "has_initial_state", "cu_seqlens", "out", "final_state", "checkpoints", "checkpoint_rows", "records",
+               "maps", "total", "start")
+CALL_SIGNATURE = (128,) + (int,) * 13 + (I64,) + (int,) * 4
+PER_CALL = {name: runtime.PerCall(i) for i, name in enumerate(CALL_VALUES)}
 
 
 def _slot_major(rows: int, heads: int, slots: int) -> tuple[int, int, int]:
@@ -370,31 +371,27 @@ def _slot_major(rows: int, heads: int, slots: int) -> tuple[int, int, int]:
     return (rows, heads, slots) if slots <= 65535 else (rows * slots, heads, 1)
 
 
-def _launch_of(spec: runtime.KernelSpec, device: int, name: str, sig: tuple, grid: tuple, threads: int,
-               smem: int) -> KdaLaunch:
-    """The launcher of kernel `name` of `spec` (compiled on first use) and its configuration."""
+def _bound_launch(spec: runtime.KernelSpec, device: int, values: runtime.CallValues, name: str, sig: tuple,
+                  args: tuple, grid: tuple, threads: int, smem: int) -> runtime.BoundLaunch:
+    """Kernel `name` of `spec` (compiled on first use) in its configuration, bound to `args`
+    (PER_CALL entries read from `values`)."""
     launcher = runtime.get_kernel(spec, device, name).launcher_for(sig)
-    return KdaLaunch(launcher, launcher.config(grid, (threads, 1, 1), smem))
+    return launcher.bind(launcher.config(grid, (threads, 1, 1), smem), args, values)
 
 
 class KdaCall(NamedTuple):
-    """What a call's launches need besides the pointers, the workspace and the stream."""
+    """What a call's launches need besides the values of CALL_VALUES."""
     problem: KdaProblem
     plan: KdaPlan
-    prepare: KdaLaunch | None        # None without chunks
-    map_pass: KdaLaunch | None       # segments: pass 1, then the scan of the starts
-    scan: KdaLaunch | None
-    total_scan: KdaLaunch | None     # a rank's slice: the scan of its map, between pass 1 and `scan`
-    recurrence: KdaLaunch
+    values: runtime.CallValues       # the buffer of CALL_VALUES the launches read
+    launches: tuple                  # prepare (with chunks), pass 1, the scans (segments; a rank's slice: the
+                                     # scan of its map, then of the starts), the recurrence
     v_maps: runtime.TiledMaps | None   # None without tokens or sequences (the map is then never read)
-    in_strides: tuple                # q, k, g, beta: 3 element strides each (np.int64)
-    o_strides: tuple                 # of out (given or new): batch, token, head
-    scalars: tuple                   # cu_is64, N, T, lower_bound, scale, state_bf16, idx_is64, pool rows and
-                                     # their stride, segments
+    out_shape: tuple                 # of a new out: [B, T, H, V]
     pooled: bool                     # the final states go back into the pool (initial_state)
     new_final: bool                  # a final-state array is made by the call
     returns_final: bool              # the call returns the final state (or the pool)
-    workspace: tuple                 # bytes, and where the maps start (after the records)
+    workspace: tuple                 # bytes, and where the maps start (after the records; None: no maps)
     checkpoints: tuple               # (chunks between checkpoints, rows of the given buffer); (0, 0): none
 
 
@@ -434,8 +431,9 @@ def check_checkpoints(buf: DeviceArray | None, p: KdaProblem, every: int) -> int
 def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state, cu_seqlens,
                       out, final_state, intermediate_states, scale, flags, state_v_first, chunk_size, warps, stages,
                       segment_chunks, longest, output_final_state, checkpoint_every=0, rank=False) -> KdaCall:
-    """Validate a call, plan it and make everything its launches need but the pointers, the
-    workspace and the stream (kernels compiled on first use). `flags`: KdaFlags or a tuple of its
+    """Validate a call, plan it and make everything its launches need but the call's values
+    (CALL_VALUES: pointers, v's tensor map, the workspace) and the stream: kernels (compiled on
+    first use) bound to their constant arguments. `flags`: KdaFlags or a tuple of its
     fields (the hot path's key holds a plain tuple). `checkpoint_every`: tokens between
     checkpoints (0: none). `rank`: a rank's slice (chunk_kda_slice)."""
     p = validate_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state, cu_seqlens,
@@ -461,37 +459,48 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
     seg = plan.segments
     rec_threads = (plan.warps + 1) * 32
     rows = K // plan.v_split
-    launch = functools.partial(_launch_of, device=q.device)
-    prepare = map_pass = scan = total_scan = None
+    pooled = state_indices is not None
+    at = PER_CALL   # at["q"]: the argument the launch reads from the call's value "q"
+    in_strides = tuple(tuple(map(I64, a.strides[:3])) for a in (q, k, g, beta))
+    o_strides = tuple(map(I64, (out.strides if out is not None else contiguous_strides((B, T, H, K)))[:3]))
+    cu_is64, N32, T32 = I32(cu_seqlens is not None and cu_seqlens.dtype == "int64"), I32(N), I32(T)
+    seg_chunks, split_above = I32(seg.chunks), I32(seg.split_above)
+    prepare_args = (at["q"], *in_strides[0], at["k"], *in_strides[1], at["g"], *in_strides[2], at["beta"],
+                    *in_strides[3], at["A_log"], at["dt_bias"], at["cu_seqlens"], cu_is64, N32, T32,
+                    F32(p.variant.lower_bound), F32(scale), at["records"])
+    recurrence_args = (at["v_map"], at["records"], at["cu_seqlens"], cu_is64, T32, N32, at["out"], *o_strides,
+                       at["initial_state"], at["final_state"], I32(p.state_dtype == "bfloat16"), at["state_indices"],
+                       I32(pooled and state_indices.dtype == "int64"), I32(p.pool_rows),
+                       I64(initial_state.strides[0] if pooled else H * K * K), at["has_initial_state"], seg_chunks,
+                       split_above, at["maps"], at["checkpoints"], checkpoints[0], at["checkpoint_rows"])
+    scan_args = (at["maps"], seg_chunks, split_above, at["cu_seqlens"], cu_is64, T32, N32)
+    values = runtime.CallValues(CALL_SIGNATURE)
+    bound = functools.partial(_bound_launch, device=q.device, values=values)
+    launches = []
     if plan.chunk_slots > 0 and T > 0:
-        prepare = launch(specs[0], name="kda_prepare", sig=PREPARE_SIGNATURE, grid=(plan.chunk_slots, H, 1),
-                         threads=PREP_THREADS, smem=plan.prep_smem)
-    if seg.chunks and seg.map_slots:
-        map_pass = launch(specs[2], name="kda_recurrence", sig=RECURRENCE_SIGNATURE,
-                          grid=_slot_major(2 * rows, H, seg.map_slots), threads=rec_threads, smem=plan.rec_smem)
-        scan = launch(specs[-1], name="kda_segment_scan", sig=SCAN_SIGNATURE, grid=(K // 16 * seg.scan_candidates, H, 1),
-                      threads=2 * K, smem=scan_smem_bytes(K))
+        launches.append(bound(specs[0], name="kda_prepare", sig=PREPARE_SIGNATURE, args=prepare_args,
+                              grid=(plan.chunk_slots, H, 1), threads=PREP_THREADS, smem=plan.prep_smem))
+    if seg.chunks and seg.map_slots:   # segments: pass 1, (a rank's slice: the scan of its map), the scan of the starts
+        launches.append(bound(specs[2], name="kda_recurrence", sig=RECURRENCE_SIGNATURE, args=recurrence_args,
+                              grid=_slot_major(2 * rows, H, seg.map_slots), threads=rec_threads, smem=plan.rec_smem))
         if rank:   # [B; M] rows
-            total_scan = launch(specs[3], name="kda_segment_scan", sig=SCAN_SIGNATURE,
-                                grid=(2 * K // 16 * seg.scan_candidates, H, 1), threads=2 * K, smem=scan_smem_bytes(K))
+            launches.append(bound(specs[3], name="kda_segment_scan", sig=SCAN_SIGNATURE,
+                                  args=scan_args + (at["total"],), grid=(2 * K // 16 * seg.scan_candidates, H, 1),
+                                  threads=2 * K, smem=scan_smem_bytes(K)))
+        launches.append(bound(specs[-1], name="kda_segment_scan", sig=SCAN_SIGNATURE, args=scan_args + (at["start"],),
+                              grid=(K // 16 * seg.scan_candidates, H, 1), threads=2 * K, smem=scan_smem_bytes(K)))
     slots = seg.slots if seg.chunks else N
-    recurrence = launch(specs[1], name="kda_recurrence", sig=RECURRENCE_SIGNATURE, grid=_slot_major(rows, H, slots),
-                        threads=rec_threads, smem=plan.rec_smem)
+    launches.append(bound(specs[1], name="kda_recurrence", sig=RECURRENCE_SIGNATURE, args=recurrence_args,
+                          grid=_slot_major(rows, H, slots), threads=rec_threads, smem=plan.rec_smem))
     v_maps = None
     if T > 0 and N > 0:   # (an empty batch launches nothing)
         v_maps = v_tensor_maps(v, plan.v_split, C)
         v_maps(v.ptr)   # the geometry checked (TensorMapError names v) before any launch
-    in_strides = tuple(I64(x) for a in (q, k, g, beta) for x in a.strides[:3])
-    o_strides = tuple(map(I64, (out.strides if out is not None else contiguous_strides((B, T, H, K)))[:3]))
-    pooled = state_indices is not None
     want_final = bool(output_final_state) or final_state is not None or pooled
-    scalars = (I32(cu_seqlens is not None and cu_seqlens.dtype == "int64"), I32(N), I32(T),
-               F32(p.variant.lower_bound), F32(scale), I32(p.state_dtype == "bfloat16"),
-               I32(pooled and state_indices.dtype == "int64"), I32(p.pool_rows),
-               I64(initial_state.strides[0] if pooled else H * K * K), I32(seg.chunks), I32(seg.split_above))
-    return KdaCall(p, plan, prepare, map_pass, scan, total_scan, recurrence, v_maps, in_strides, o_strides, scalars,
-                   pooled, want_final and final_state is None and not pooled,
-                   want_final and (output_final_state or not pooled), _workspace_layout(p, plan), checkpoints)
+    nbytes, maps_at = _workspace_layout(p, plan)
+    return KdaCall(p, plan, values, tuple(launches), v_maps, (B, T, H, K), pooled,
+                   want_final and final_state is None and not pooled, want_final and (output_final_state or not pooled),
+                   (nbytes, maps_at if seg.chunks else None), checkpoints)
 
 
 def longest_chunks(cu_seqlens_cpu, chunk_size: int) -> int:
@@ -581,10 +590,10 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
     elif checkpoint_every is not None:
         raise ValueError("checkpoint_every is given without return_intermediate_states or intermediate_states")
     longest = None   # a planning hint, read only where segments are possible (2 segments of the smallest size)
-    shape = getattr(q, "shape", ())   # (validation names a bad q later)
-    if cu_seqlens_cpu is not None and segment_chunks is None and len(shape) == 4 and \
-            shape[1] >= 2 * SEGMENT_MIN_CHUNKS * chunk_size:
-        longest = longest_chunks(cu_seqlens_cpu, chunk_size)
+    if cu_seqlens_cpu is not None and segment_chunks is None:
+        shape = getattr(q, "shape", ())   # (validation names a bad q later)
+        if len(shape) == 4 and shape[1] >= 2 * SEGMENT_MIN_CHUNKS * chunk_size:
+            longest = longest_chunks(cu_seqlens_cpu, chunk_size)
     arrays = CallArrays((q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state,
                          cu_seqlens, out, final_state, intermediate_states), ARGUMENTS, REQUIRED)
     settings = (scale, (use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
@@ -599,7 +608,7 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
 def _run(call: KdaCall, arrays: CallArrays, q, stream, out, initial_state, final_state, start_of=None,
          checkpoints=(None, None)):
     """The launches of a prepared call: prepare, then (segments) pass 1 and the scans, then the
-    recurrence. A rank's slice asks `start_of` for its start state between its two scans.
+    recurrence. A rank's slice asks `start_of` for its start state before its last two launches.
     `checkpoints`: the caller's buffer (or None: a new one) and cu_seqlens_cpu. Returns (out,
     final state or None, checkpoints or None)."""
     p = call.problem
@@ -615,7 +624,7 @@ def _run(call: KdaCall, arrays: CallArrays, q, stream, out, initial_state, final
         ckpt, ck_p = arrays.new_empty(0, (*shape, p.heads, p.head_dim, p.head_dim), p.state_dtype)
         ck_rows = I64(rows)
     if out is None:
-        out, o_p = arrays.new_empty(0, (p.batch, p.seq_len, p.heads, p.head_dim), "bfloat16")
+        out, o_p = arrays.new_empty(0, call.out_shape)   # bf16, as q
     if call.pooled:
         final_state, fs_p = initial_state, s0_p
     elif call.new_final:
@@ -627,29 +636,18 @@ def _run(call: KdaCall, arrays: CallArrays, q, stream, out, initial_state, final
         return arrays.result(out), returned, ckpt
 
     strm = arrays.stream(stream)
-    cu_is64, n_seq, T, lower_bound, scale, state_bf16, idx_is64, pool_rows, row_stride, seg_chunks, split_above = \
-        call.scalars
     nbytes, maps_at = call.workspace
     ws_owner, records = runtime.workspace(q, strm, nbytes)   # held to the last launch
-    maps = records + maps_at if seg_chunks else 0
-    if call.prepare:
-        s = call.in_strides
-        call.prepare.launcher(call.prepare.config, (q_p, *s[0:3], k_p, *s[3:6], g_p, *s[6:9], b_p, *s[9:12], a_p, dt_p,
-                                                    cu_p, cu_is64, n_seq, T, lower_bound, scale, records), strm)
-    rec_args = (call.v_maps(v_p) if call.v_maps else bytes(128), records, cu_p, cu_is64, T, n_seq, o_p,
-                *call.o_strides, s0_p, fs_p, state_bf16, idx_p, idx_is64, pool_rows, row_stride, hi_p, seg_chunks,
-                split_above, maps, ck_p, every, ck_rows)
-    scan_args = (maps, seg_chunks, split_above, cu_p, cu_is64, T, n_seq)
-    if call.map_pass:   # segments: pass 1, the scan(s)
-        call.map_pass.launcher(call.map_pass.config, rec_args, strm)
-        start = start_p = 0   # (start: held to the last launch)
-        if call.total_scan:   # a rank's slice: its map, then its start state from the caller
-            total, total_p = arrays.new_empty(0, (p.n_seq, p.heads, 2 * p.head_dim, p.head_dim), "float32")
-            call.total_scan.launcher(call.total_scan.config, (*scan_args, total_p), strm)
-            start = start_of(arrays.result(total))
-            start_p = _start_pointer(start, p, arrays.views()[0].device)
-        call.scan.launcher(call.scan.config, (*scan_args, start_p), strm)
-    call.recurrence.launcher(call.recurrence.config, rec_args, strm)
+    values = (call.v_maps(v_p) if call.v_maps else bytes(128), q_p, k_p, g_p, b_p, a_p, dt_p, s0_p, idx_p, hi_p,
+              cu_p, o_p, fs_p, ck_p, ck_rows, records, 0 if maps_at is None else records + maps_at)   # CALL_VALUES
+    if not call.plan.rank:
+        call.values.launch(values + (0, 0), call.launches, strm)
+    else:   # a rank's slice: up to the scan of its map, its start state from the caller, the last two launches
+        total, total_p = arrays.new_empty(0, (p.n_seq, p.heads, 2 * p.head_dim, p.head_dim), "float32")
+        call.values.launch(values + (total_p, 0), call.launches[:-2], strm)
+        start = start_of(arrays.result(total))   # held to the last launch
+        start_p = _start_pointer(start, p, arrays.views()[0].device)
+        call.values.launch(values + (total_p, start_p), call.launches[-2:], strm)
     return arrays.result(out), returned, ckpt
 
 

@@ -8,12 +8,13 @@ from .render import render
 from .compile import CompileError, compile_cubin, nvrtc_version
 from .cache import get_kernel, compile_spec, cache_dir
 from .device import DeviceInfo, device_info, require_gpu, gpu_available
-from .launch import Kernel, LaunchConfig, Launcher, param_layout, signature
+from .launch import BoundLaunch, CallValues, Kernel, LaunchConfig, Launcher, PerCall, param_layout, signature
 from .tensormap import TensorMapError, TiledMaps, encode_tiled, check_tiled
 from .workspace import workspace
 
 __all__ = [
     "KernelSpec", "render", "CompileError", "compile_cubin", "nvrtc_version", "get_kernel",
     "compile_spec", "cache_dir", "DeviceInfo", "device_info", "require_gpu", "gpu_available",
-    "Kernel", "LaunchConfig", "Launcher", "param_layout", "signature", "TensorMapError", "TiledMaps", "encode_tiled", "check_tiled", "workspace",
+    "BoundLaunch", "CallValues", "Kernel", "LaunchConfig", "Launcher", "PerCall", "param_layout", "signature",
+    "TensorMapError", "TiledMaps", "encode_tiled", "check_tiled", "workspace",
 ]

@@ -181,13 +181,14 @@ class CallArrays:
             return _torch_empty_contiguous(ref.obj)
         return self.new_empty(i, ref.shape, ref.dtype)
 
-    def new_empty(self, i: int, shape: tuple, dtype: str) -> tuple[object, int]:
-        """A new uninitialized array of `shape` and `dtype` on argument i's device, in its
-        framework (`empty_like_framework`), and its pointer."""
+    def new_empty(self, i: int, shape: tuple, dtype: str | None = None) -> tuple[object, int]:
+        """A new uninitialized array of `shape` and `dtype` (None: argument i's) on argument i's
+        device, in its framework (`empty_like_framework`), and its pointer."""
         if self._views is None:
             obj = _torch_new_empty(self.objs[i], shape, dtype)
             return obj, obj.data_ptr()
-        obj = empty_like_framework(self.views()[i], shape, dtype)
+        ref = self.views()[i]
+        obj = empty_like_framework(ref, shape, dtype or ref.dtype)
         return obj, as_device_array(obj, "out").ptr
 
     def result(self, arr):
@@ -226,12 +227,17 @@ def contiguous_strides(shape: tuple) -> tuple:
     return tuple(reversed(strides))
 
 
-def _torch_new_empty(t, shape: tuple, dtype: str):
+def _torch_new_empty(t, shape: tuple, dtype: str | None):
+    """A new tensor of `shape` (one size at least) and `dtype` (None: t's) on t's device. The
+    sizes go to torch as separate ints and the dtype keyword only when one is asked for: torch
+    parses a tuple of sizes ~0.4 µs slower, a dtype ~0.2 µs (a third of an allocation's host time)."""
+    if dtype is None:
+        return t.new_empty(*shape)
     dt = _TORCH_BY_NAME.get(dtype)
     if dt is None:
         import torch
         dt = _TORCH_BY_NAME[dtype] = getattr(torch, dtype)
-    return t.new_empty(shape, dtype=dt)
+    return t.new_empty(*shape, dtype=dt)
 
 
 def torch_scratch(t, nbytes: int, stream: int) -> tuple[object, int]:

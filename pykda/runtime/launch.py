@@ -5,6 +5,12 @@ at its natural alignment, tensor maps at 64 bytes); cuLaunchKernelEx gets a poin
 Python values map to parameter types by their type: `int` -> 64-bit (pointers), np.int32 -> int, np.int64 -> long long, np.float32 and `float` -> float (rounded to nearest),
 `bytes` -> a struct passed by value (128 bytes: a tensor map, 64-byte aligned; others 8-byte
 aligned).
+
+A `Launcher` packs all of a launch's arguments at every launch. A prepared call (one op call's
+validated plan, made once per argument key) binds its launches once instead (`Launcher.bind`):
+their constant arguments are packed then, each into a buffer of its own launch, and the
+arguments that change from call to call (pointers, tensor maps: `PerCall`) are read from one
+`CallValues` buffer that the call packs once for all its launches.
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import functools
 import operator
 import struct
 import threading
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,6 +49,11 @@ class LaunchConfig(ctypes.Structure):
                 ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
                 ("smem", ctypes.c_uint), ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p),
                 ("num_attrs", ctypes.c_uint)]
+
+    @functools.cached_property
+    def ref(self):
+        """The config by reference, as cuLaunchKernelEx takes it (made once)."""
+        return ctypes.byref(self)
 
 
 def _error_name(code: int) -> str:
@@ -88,15 +100,15 @@ class Launcher:
     the launch), as are the launch configurations of each geometry. Arguments of another
     signature would be packed wrongly: an op keeps one Launcher per call site, whose argument
     types never change."""
-    __slots__ = ("kernel", "structs", "layout", "buffer", "pointers", "_configs")
+    __slots__ = ("kernel", "sig", "structs", "layout", "offsets", "buffer", "pointers", "_configs")
 
     def __init__(self, kernel: "Kernel", sig: tuple):
-        self.kernel = kernel
+        self.kernel, self.sig = kernel, sig
         self.structs = tuple((i, n) for i, n in enumerate(sig) if type(n) is int)   # (position, bytes)
-        self.layout, offsets = layout_of(sig)
+        self.layout, self.offsets = layout_of(sig)
         self.buffer = ctypes.create_string_buffer(self.layout.size)
         base = ctypes.addressof(self.buffer)
-        self.pointers = (ctypes.c_void_p * len(offsets))(*[base + o for o in offsets])
+        self.pointers = (ctypes.c_void_p * len(sig))(*[base + o for o in self.offsets])
         self._configs: dict[tuple, LaunchConfig] = {}
 
     def config(self, grid: tuple, block: tuple, smem: int) -> LaunchConfig:
@@ -118,21 +130,95 @@ class Launcher:
 
     def __call__(self, config: LaunchConfig, args: tuple, stream: int) -> None:
         """Asynchronous launch on the stream handle `stream` (no host synchronisation)."""
-        kernel = self.kernel
-        with kernel._lock:   # the buffer and the config's stream are shared
+        with self.kernel._lock:   # the buffer and the config's stream are shared
             self.layout.pack_into(self.buffer, 0, *args)
             config.stream = stream
-            ref = ctypes.byref(config)
-            status = _driver()[0](ref, kernel._handle, self.pointers, None)
-            if status == _ERROR_INVALID_CONTEXT:   # a thread without a current context: take the device's
-                import cupy
-                with cupy.cuda.Device(kernel.device):
-                    status = _driver()[0](ref, kernel._handle, self.pointers, None)
-        if status != 0:
-            raise RuntimeError(f"cuLaunchKernelEx({kernel.name}) failed: {_error_name(status)} (grid "
-                               f"{(config.grid_x, config.grid_y, config.grid_z)}, block "
-                               f"{(config.block_x, config.block_y, config.block_z)}, {config.smem} bytes of "
-                               f"shared memory)")
+            status = _driver()[0](config.ref, self.kernel._handle, self.pointers, None)
+            if status:
+                _retry_or_raise(status, self.kernel, config, self.pointers)
+
+    def bind(self, config: LaunchConfig, args: tuple, values: "CallValues") -> "BoundLaunch":
+        """A launch of this kernel in `config` (its own copy) whose arguments are `args`: the
+        constants among them packed here once, each `PerCall(i)` read from `values` at launch."""
+        return BoundLaunch(self, config, args, values)
+
+
+class PerCall(NamedTuple):
+    """A kernel argument that a prepared call gives anew on every call: its value `index` of the
+    call's `CallValues`."""
+    index: int
+
+
+class CallValues:
+    """The arguments a prepared call's launches take anew on every call (pointers, tensor maps),
+    in one buffer packed by one `struct` call, which each `BoundLaunch` of the call reads in place.
+    `launch` holds the lock from the packing to the last launch: the buffer and the launches'
+    stream are the call's, whichever thread makes it."""
+    __slots__ = ("sig", "layout", "buffer", "address", "lock")
+
+    def __init__(self, sig: tuple):
+        self.sig = sig
+        self.layout, offsets = layout_of(sig)
+        self.buffer = ctypes.create_string_buffer(max(self.layout.size, 1))
+        base = ctypes.addressof(self.buffer)
+        self.address = tuple(base + o for o in offsets)   # of each value
+        self.lock = threading.Lock()
+
+    def launch(self, values: tuple, launches: tuple, stream: int) -> None:
+        """Pack `values` (of this signature), then make each of `launches` (BoundLaunches reading
+        them) in order, asynchronously on the stream handle `stream`."""
+        with self.lock:
+            self.layout.pack_into(self.buffer, 0, *values)
+            for bound in launches:
+                bound(stream)
+
+
+class BoundLaunch:
+    """A kernel, a launch configuration of its own and its arguments: the constants packed once
+    into a buffer of the launch's, each `PerCall` one pointing into the call's CallValues (made
+    by `Launcher.bind`; launched by `CallValues.launch`)."""
+    __slots__ = ("kernel", "config", "buffer", "pointers", "values")
+
+    def __init__(self, launcher: Launcher, config: LaunchConfig, args: tuple, values: CallValues):
+        self.kernel, self.values = launcher.kernel, values
+        self.config = LaunchConfig.from_buffer_copy(config)
+        sig = launcher.sig
+        if len(args) != len(sig):
+            raise TypeError(f"{self.kernel.name}: {len(args)} arguments for a kernel of {len(sig)}")
+        for i, (a, want) in enumerate(zip(args, sig)):
+            got = values.sig[a.index] if type(a) is PerCall else signature((a,))[0]
+            if got != want:
+                raise TypeError(f"{self.kernel.name}: argument {i} is {got}, the kernel takes {want}")
+        self.buffer = ctypes.create_string_buffer(launcher.layout.size)   # per-call slots left zero
+        launcher.layout.pack_into(self.buffer, 0, *((bytes(n) if type(n) is int else 0) if type(a) is PerCall else a
+                                                    for a, n in zip(args, sig)))
+        base = ctypes.addressof(self.buffer)
+        self.pointers = (ctypes.c_void_p * len(sig))(*[values.address[a.index] if type(a) is PerCall else base + o
+                                                       for a, o in zip(args, launcher.offsets)])
+
+    def __call__(self, stream: int) -> None:
+        """Asynchronous launch on the stream handle `stream`, the call's values packed (the
+        caller holds their lock: `CallValues.launch`)."""
+        config = self.config
+        config.stream = stream
+        status = _driver()[0](config.ref, self.kernel._handle, self.pointers, None)
+        if status:
+            _retry_or_raise(status, self.kernel, config, self.pointers)
+
+
+def _retry_or_raise(status: int, kernel: "Kernel", config: LaunchConfig, pointers) -> None:
+    """After cuLaunchKernelEx of `kernel` in `config` (parameters at `pointers`) returned
+    `status` != 0: in a thread without a current context, launch again within the device's; a
+    failure raises RuntimeError naming the kernel and its geometry."""
+    if status == _ERROR_INVALID_CONTEXT:
+        import cupy
+        with cupy.cuda.Device(kernel.device):
+            status = _driver()[0](config.ref, kernel._handle, pointers, None)
+    if status != 0:
+        raise RuntimeError(f"cuLaunchKernelEx({kernel.name}) failed: {_error_name(status)} (grid "
+                           f"{(config.grid_x, config.grid_y, config.grid_z)}, block "
+                           f"{(config.block_x, config.block_y, config.block_z)}, {config.smem} bytes of "
+                           f"shared memory)")
 
 
 class Kernel:
