@@ -36,11 +36,16 @@ PYKDA_DEVICE void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
                : "memory");
 }
 
+// What the bf16x2 rounding hi of two fp32 values left, as bf16x2: x ≈ hi + lo to ~16 bits.
+PYKDA_DEVICE uint32_t bf16x2_rest(float x, float y, uint32_t hi) {
+  const float2 h = unpack2(hi, bf16_t{});
+  return pack2<bf16_t>(x - h.x, y - h.y);
+}
+
 // Split two fp32 values into bf16x2 hi and lo parts: x ≈ hi + lo to ~16 bits.
 PYKDA_DEVICE void split_bf16x2(float x, float y, uint32_t& hi, uint32_t& lo) {
   hi = pack2<bf16_t>(x, y);
-  const float2 h = unpack2(hi, bf16_t{});
-  lo = pack2<bf16_t>(x - h.x, y - h.y);
+  lo = bf16x2_rest(x, y, hi);
 }
 
 // D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate. A: 4 regs, B: 2 regs, D: 4 floats.
