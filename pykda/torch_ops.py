@@ -44,19 +44,24 @@ Two ways in, with pykda's keywords:
                                    ``BatchDecodeWithPagedKVCache`` is ``dec._tables``,
                                    ``dec._indices``, ``*dec._layout``; v_cache is required
                                    (the wrapper unpacks run()'s ``(k_cache, v_cache)`` pair)
-  chunk_kda                        (o, final_state): o as above (``out=``); final_state new
-                                   [N, H, K, K] (initial_state's dtype, fp32 without one) only
-                                   with ``output_final_state=True`` and neither ``final_state=``
-                                   nor ``state_indices``; else a placeholder: the final states
-                                   are in ``final_state=`` or, with ``state_indices``, in the
-                                   pool rows of ``initial_state`` (in place)
+  chunk_kda                        (o, final_state, checkpoints): o as above (``out=``);
+                                   final_state new [N, H, K, K] (initial_state's dtype, fp32
+                                   without one) only with ``output_final_state=True`` and
+                                   neither ``final_state=`` nor ``state_indices``; else a
+                                   placeholder: the final states are in ``final_state=`` or,
+                                   with ``state_indices``, in the pool rows of ``initial_state``
+                                   (in place); checkpoints new [B, ceil(T / E), H, K, K] with
+                                   ``return_intermediate_states=True`` and no
+                                   ``intermediate_states=`` buffer (fixed lengths only: with
+                                   cu_seqlens their number depends on the lengths, so pass the
+                                   buffer), else a placeholder
   fused_recurrent_kda              o (a placeholder with ``out=``); the pool ``initial_state``
                                    is always updated in place
   ===============================  =========================================================
 
-Declared mutations: ``out`` (all ops); ``initial_state`` and ``final_state`` (chunk_kda: the
-pool is written with ``state_indices``, ``final_state`` when given; it may be ``initial_state``
-itself); ``initial_state`` (fused_recurrent_kda, the pool). Under ``mode="reduce-overhead"``
+Declared mutations: ``out`` (all ops); ``initial_state``, ``final_state`` and
+``intermediate_states`` (chunk_kda: the pool is written with ``state_indices``, ``final_state``
+when given, which may be ``initial_state`` itself, and the checkpoint buffer); ``initial_state`` (fused_recurrent_kda, the pool). Under ``mode="reduce-overhead"``
 Inductor records CUDA graphs only when the tensors written in place are static to it: mark
 pools and ``out=`` buffers with ``torch._dynamo.mark_static_address`` (serving engines do this
 for their caches); otherwise it skips the graph ("mutated inputs") and runs the step without one.
@@ -88,6 +93,7 @@ from .ops import decode as _decode
 from .ops import kda as _kda
 from .ops import kda_decode as _kda_decode
 from .ops import paged_decode as _paged
+from .ops.kda_variant import resolve_state_v_first as _resolve_state_v_first
 
 __all__ = ["single_decode_with_kv_cache", "batch_decode_with_padded_kv_cache", "BatchDecodeWithPagedKVCache",
            "chunk_kda", "fused_recurrent_kda"]
@@ -207,7 +213,15 @@ def _new_final_state(output_final_state: bool, state_indices, final_state) -> bo
     return output_final_state and final_state is None and state_indices is None
 
 
-@_register("chunk_kda", mutates_args=("initial_state", "out", "final_state"))
+def _returns(output_final_state: bool, state_indices, final_state, return_intermediate_states: bool,
+             intermediate_states) -> Tuple[bool, bool]:
+    """chunk_kda returns a new final-state tensor, and a new checkpoints tensor (rather than
+    filling a buffer in place)."""
+    return (output_final_state and final_state is None and state_indices is None,
+            return_intermediate_states and intermediate_states is None)
+
+
+@_register("chunk_kda", mutates_args=("initial_state", "out", "final_state", "intermediate_states"))
 def _chunk_kda_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: Optional[float] = None,
                   initial_state: Optional[Tensor] = None, output_final_state: bool = False,
                   use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
@@ -216,39 +230,56 @@ def _chunk_kda_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scal
                   cu_seqlens: Optional[Tensor] = None, cu_seqlens_cpu: Optional[Tensor] = None,
                   A_log: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
                   state_indices: Optional[Tensor] = None, has_initial_state: Optional[Tensor] = None,
-                  out: Optional[Tensor] = None, final_state: Optional[Tensor] = None, *, chunk_size: int = 16,
+                  out: Optional[Tensor] = None, final_state: Optional[Tensor] = None,
+                  intermediate_states: Optional[Tensor] = None, *, chunk_size: int = 16,
                   warps: Optional[int] = None, stages: Optional[int] = None, segment_chunks: Optional[int] = None,
                   disable_recompute: bool = False,
                   use_graph: bool = False, max_num_seqs: Optional[int] = None,
-                  return_intermediate_states: bool = False) -> Tuple[Tensor, Tensor]:
-    """pykda.chunk_kda as a torch op: returns (o, final_state), each a placeholder (0 elements)
-    where the call writes a buffer in place (`out`; `final_state`, or the pool rows of
-    `initial_state` with `state_indices`) or returns no final state."""
-    o, fs = _kda.chunk_kda(
+                  return_intermediate_states: bool = False,
+                  checkpoint_every: Optional[int] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    """pykda.chunk_kda as a torch op: returns (o, final_state, checkpoints), each a placeholder
+    (0 elements) where the call writes a buffer in place (`out`; `final_state`, or the pool rows
+    of `initial_state` with `state_indices`; `intermediate_states`) or returns none."""
+    r = _kda.chunk_kda(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-        use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, state_v_first, cu_seqlens,
-        cu_seqlens_cpu, A_log=A_log, dt_bias=dt_bias, state_indices=state_indices,
-        has_initial_state=has_initial_state, out=out, final_state=final_state, chunk_size=chunk_size, warps=warps,
-        stages=stages, segment_chunks=segment_chunks, disable_recompute=disable_recompute, use_graph=use_graph,
-        max_num_seqs=max_num_seqs, return_intermediate_states=return_intermediate_states)
-    return ((o if out is None else _placeholder(q)),
-            (fs if _new_final_state(output_final_state, state_indices, final_state) else _placeholder(q)))
+        use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, state_v_first=state_v_first,
+        cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, A_log=A_log, dt_bias=dt_bias,
+        state_indices=state_indices, has_initial_state=has_initial_state, out=out, final_state=final_state,
+        chunk_size=chunk_size, warps=warps, stages=stages, segment_chunks=segment_chunks,
+        disable_recompute=disable_recompute, use_graph=use_graph, max_num_seqs=max_num_seqs,
+        return_intermediate_states=return_intermediate_states, checkpoint_every=checkpoint_every,
+        intermediate_states=intermediate_states)
+    o, fs, ckpt = r if return_intermediate_states else (*r, None)
+    new_fs, new_ckpt = _returns(output_final_state, state_indices, final_state, return_intermediate_states,
+                                intermediate_states)
+    return ((o if out is None else _placeholder(q)), (fs if new_fs else _placeholder(q)),
+            (ckpt if new_ckpt else _placeholder(q)))
 
 
 @_chunk_kda_op.register_fake
 def _(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
       use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False,
       lower_bound=None, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None, A_log=None, dt_bias=None,
-      state_indices=None, has_initial_state=None, out=None, final_state=None, *, chunk_size=16, warps=None,
-      stages=None, segment_chunks=None, disable_recompute=False, use_graph=False, max_num_seqs=None,
-      return_intermediate_states=False):
+      state_indices=None, has_initial_state=None, out=None, final_state=None, intermediate_states=None, *,
+      chunk_size=16, warps=None, stages=None, segment_chunks=None, disable_recompute=False, use_graph=False,
+      max_num_seqs=None, return_intermediate_states=False, checkpoint_every=None):
     B, T, H, K = q.shape
     o = q.new_empty((B, T, H, K), dtype=torch.bfloat16) if out is None else _placeholder(q)
-    if not _new_final_state(output_final_state, state_indices, final_state):
-        return o, _placeholder(q)
-    n = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
+    new_fs, new_ckpt = _returns(output_final_state, state_indices, final_state, return_intermediate_states,
+                                intermediate_states)
     dtype = initial_state.dtype if initial_state is not None else torch.float32
-    return o, q.new_empty((n, H, K, K), dtype=dtype)
+    fs = _placeholder(q)
+    if new_fs:
+        n = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
+        fs = q.new_empty((n, H, K, K), dtype=dtype)
+    ckpt = _placeholder(q)
+    if new_ckpt:
+        if cu_seqlens is not None:   # rows from the lengths' values: data the fake cannot see
+            raise ValueError("return_intermediate_states with cu_seqlens under torch.ops.pykda needs an "
+                             "intermediate_states buffer (the number of checkpoints depends on the lengths)")
+        every = _kda.kernel_chunk(chunk_size)[1] if checkpoint_every is None else checkpoint_every
+        ckpt = q.new_empty((B, -(-T // every), H, K, K), dtype=dtype)
+    return o, fs, ckpt
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,24 +387,30 @@ def _all_tensors(*xs) -> bool:
 def chunk_kda(q, k, v, g, beta, scale: Optional[float] = None, initial_state=None, output_final_state: bool = False,
               use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
               use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False, safe_gate: bool = False,
-              lower_bound: Optional[float] = None, state_v_first: bool = False, cu_seqlens=None, cu_seqlens_cpu=None,
-              *, A_log=None, dt_bias=None, state_indices=None, has_initial_state=None, out=None, final_state=None,
+              lower_bound: Optional[float] = None, disable_recompute: bool = False,
+              return_intermediate_states: bool = False, state_v_first: bool = False, cu_seqlens=None,
+              cu_seqlens_cpu=None, cp_context=None, use_graph: bool = False, max_num_seqs: Optional[int] = None, *,
+              A_log=None, dt_bias=None, state_indices=None, has_initial_state=None, out=None, final_state=None,
               chunk_size: int = 16, warps: Optional[int] = None, stages: Optional[int] = None,
-              segment_chunks: Optional[int] = None, disable_recompute: bool = False, use_graph: bool = False,
-              max_num_seqs: Optional[int] = None, return_intermediate_states: bool = False, cp_context=None):
+              segment_chunks: Optional[int] = None, checkpoint_every: Optional[int] = None, intermediate_states=None,
+              transpose_state_layout: Optional[bool] = None):
     """`pykda.chunk_kda` through torch.ops.pykda (traceable by torch.compile); same arguments
     but `stream` (torch's current stream is used), same results: (o or `out`, the new final
     state, `final_state`, the pool `initial_state` (with `state_indices` and
-    `output_final_state`) or None). `cu_seqlens_cpu` is dropped (the op plans without it)."""
+    `output_final_state`) or None[, checkpoints or `intermediate_states`]). `cu_seqlens_cpu` is
+    dropped (the op plans without it), so checkpoints with `cu_seqlens` need an
+    `intermediate_states` buffer."""
     if cp_context is not None:   # not a tensor: cannot cross the op's boundary
         raise ValueError("cp_context (fla's context parallelism) is not supported by chunk_kda")
     del cu_seqlens_cpu
-    o, fs = _CHUNK(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                   use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
-                   state_v_first, cu_seqlens, None, A_log, dt_bias, state_indices, has_initial_state, out,
-                   final_state, chunk_size=chunk_size, warps=warps, stages=stages, segment_chunks=segment_chunks,
-                   disable_recompute=disable_recompute, use_graph=use_graph, max_num_seqs=max_num_seqs,
-                   return_intermediate_states=return_intermediate_states)
+    state_v_first = _resolve_state_v_first(state_v_first, transpose_state_layout)
+    o, fs, ckpt = _CHUNK(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                         use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
+                         state_v_first, cu_seqlens, None, A_log, dt_bias, state_indices, has_initial_state, out,
+                         final_state, intermediate_states, chunk_size=chunk_size, warps=warps, stages=stages,
+                         segment_chunks=segment_chunks, disable_recompute=disable_recompute, use_graph=use_graph,
+                         max_num_seqs=max_num_seqs, return_intermediate_states=return_intermediate_states,
+                         checkpoint_every=checkpoint_every)
     if out is not None:
         o = out
     if state_indices is not None:
@@ -382,7 +419,9 @@ def chunk_kda(q, k, v, g, beta, scale: Optional[float] = None, initial_state=Non
         fs = final_state
     elif not output_final_state:
         fs = None
-    return o, fs
+    if not return_intermediate_states:
+        return o, fs
+    return o, fs, (ckpt if intermediate_states is None else intermediate_states)
 
 
 def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: Optional[float] = None, initial_state=None,
@@ -392,10 +431,11 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: Optio
                         state_v_first: bool = False, cu_seqlens=None, *, safe_gate: bool = False, state_indices=None,
                         ssm_state_indices=None, num_accepted_tokens=None, inplace_final_state: bool = True,
                         out=None, check_indices: bool = False, rows_per_thread: Optional[int] = None,
-                        stages: Optional[int] = None):
+                        stages: Optional[int] = None, transpose_state_layout: Optional[bool] = None):
     """`pykda.fused_recurrent_kda` through torch.ops.pykda (traceable by torch.compile); same
     arguments but `stream` (torch's current stream is used), same results: (o or `out`, the
     pool `initial_state` (updated in place) if `output_final_state` else None)."""
+    state_v_first = _resolve_state_v_first(state_v_first, transpose_state_layout)
     o = _RECURRENT(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state,
                    use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
                    lower_bound, state_v_first, cu_seqlens, state_indices, out, safe_gate=safe_gate,

@@ -116,7 +116,7 @@ BAD = [
     ("has_initial_shape", ValueError, "has_initial_state must have shape \\[N\\] = \\(3,\\); got \\(4,\\)"),
     ("has_initial_rank", ValueError, "has_initial_state must have shape .*; got \\(3, 1\\)"),
     ("has_initial_strided", ValueError, "has_initial_state must be contiguous"),
-    ("chunk64", ValueError, "chunk_size must be one of \\(16, 32\\); got 64"),
+    ("chunk48", ValueError, "chunk_size must be one of \\(16, 32\\).*got 48"),
     ("lb_positive", ValueError, "lower_bound must be finite and <= 0; got 0.5"),
     ("lb_nan", ValueError, "lower_bound must be finite and <= 0; got nan"),
     ("lb_inf", ValueError, "lower_bound must be finite and <= 0; got -inf"),
@@ -238,8 +238,8 @@ def bad_args(case):
         a["has_initial_state"] = arr((B, 1), "bool")
     elif case == "has_initial_strided":
         a["has_initial_state"] = arr((B,), "bool", strides=(2,))
-    elif case == "chunk64":
-        a["chunk_size"] = 64
+    elif case == "chunk48":
+        a["chunk_size"] = 48
     elif case == "lb_positive":
         with_lower_bound(a, 0.5)
     elif case == "lb_nan":
@@ -907,3 +907,96 @@ def test_recurrence_grid_is_slot_major_within_grid_z():
     from pykda.ops import kda
     assert kda._slot_major(2, 8, 65535) == (2, 8, 65535)
     assert kda._slot_major(2, 8, 65536) == (2 * 65536, 8, 1)   # the kernel reads the slot from x then
+
+
+# fla 0.6.0's positional parameters (fla.ops.kda.chunk_kda, fused_recurrent_kda): a call by position
+# must mean the same to both libraries
+FLA_CHUNK_KDA = ("q", "k", "v", "g", "beta", "scale", "initial_state", "output_final_state", "use_qk_l2norm_in_kernel",
+                 "use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval", "safe_gate", "lower_bound",
+                 "disable_recompute", "return_intermediate_states", "state_v_first", "cu_seqlens", "cu_seqlens_cpu",
+                 "cp_context", "use_graph", "max_num_seqs")
+FLA_FUSED_RECURRENT_KDA = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "scale", "initial_state",
+                           "output_final_state", "use_qk_l2norm_in_kernel", "use_gate_in_kernel",
+                           "use_beta_sigmoid_in_kernel", "allow_neg_eigval", "lower_bound", "state_v_first",
+                           "cu_seqlens")
+
+
+def positional(fn) -> tuple:
+    import inspect
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return tuple(n for n, p in inspect.signature(fn).parameters.items() if p.kind in kinds)
+
+
+def test_positional_parameters_are_fla_s():
+    assert positional(pykda.chunk_kda) == FLA_CHUNK_KDA
+    assert positional(pykda.fused_recurrent_kda) == FLA_FUSED_RECURRENT_KDA
+
+
+def test_positional_parameters_match_the_installed_fla():
+    fla_kda = pytest.importorskip("fla.ops.kda")   # (fla needs triton: the GPU machine's peers)
+    assert positional(fla_kda.chunk_kda) == positional(pykda.chunk_kda)
+    assert positional(fla_kda.fused_recurrent_kda) == positional(pykda.fused_recurrent_kda)
+
+
+def test_a_call_by_position_reads_as_fla_s(offline):
+    """Every positional argument up to cu_seqlens_cpu, as fla's callers may pass them, launches what
+    the same call by keyword launches."""
+    a = good(B=1, T=300, H=2, K=64)
+    a["cu_seqlens"] = arr((3,), "int32")
+    s0 = arr((2, 2, 64, 64), "float32")
+    kw = dict(scale=0.3, initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=True,
+              use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True, safe_gate=True,
+              lower_bound=-3.0, disable_recompute=False, return_intermediate_states=True, state_v_first=True,
+              cu_seqlens=a["cu_seqlens"], cu_seqlens_cpu=[0, 100, 300])
+    run = lambda *args, **kwargs: pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], *args,   # noqa: E731
+                                                  A_log=a["A_log"], dt_bias=a["dt_bias"], **kwargs)
+    by_keyword = run(**kw)
+    keyed = [entry[:5] for entry in offline]
+    offline.clear()
+    by_position = run(*kw.values())
+    assert [entry[:5] for entry in offline] == keyed and len(by_position) == len(by_keyword) == 3
+    assert keyed[-1][4][-3:] == (BASE * 2, 4, 6)   # checkpoints every 64 tokens: 2 + 4 of them
+
+
+@pytest.mark.parametrize("chunk_size, kernel_chunk, every", [(16, 16, 64), (32, 32, 32), (64, 16, 64)])
+def test_fla_s_chunk_sizes_space_the_checkpoints_as_fla_does(offline, chunk_size, kernel_chunk, every):
+    """fla's chunk_size (32 or 64, its default) is the spacing of its intermediate states: pykda
+    runs its kernels' chunk (64: chunks of 16) and checkpoints every chunk_size tokens by default."""
+    a = good(B=2, T=200, H=2, K=64)
+    a["chunk_size"] = chunk_size
+    o, fs, ckpt = pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a),
+                                  return_intermediate_states=True)
+    assert tuple(ckpt.shape) == (2, -(-200 // every), 2, 64, 64)
+    prep, rec = offline[-2], offline[-1]
+    assert prep[5].param_dict["C"] == rec[5].param_dict["C"] == kernel_chunk
+    assert rec[4][-2] == every // kernel_chunk
+
+
+def test_chunk_size_64_runs_the_default_kernels(offline):
+    a = good(B=2, T=200, H=2, K=64)
+    pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a))
+    default = [entry[:5] for entry in offline]
+    offline.clear()
+    a["chunk_size"] = 64
+    pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a))
+    assert [entry[:5] for entry in offline] == default
+
+
+@pytest.mark.parametrize("op", ["chunk_kda", "fused_recurrent_kda"])
+def test_transpose_state_layout_is_fla_s_old_name_for_state_v_first(op):
+    from pykda.ops.kda_variant import resolve_state_v_first
+    assert resolve_state_v_first(True, None) is True and resolve_state_v_first(False, None) is False
+    with pytest.warns(DeprecationWarning, match="transpose_state_layout is deprecated"):
+        assert resolve_state_v_first(False, True) is True
+    with pytest.raises(ValueError, match="Cannot pass both state_v_first and the deprecated transpose_state_layout"):
+        resolve_state_v_first(True, True)
+    assert "transpose_state_layout" in __import__("inspect").signature(getattr(pykda, op)).parameters
+
+
+def test_transpose_state_layout_reaches_the_kernels(offline):
+    """A K-first call under the old name compiles the V-first recurrence, as state_v_first=True does."""
+    a = good(B=2, T=100, H=2, K=64)
+    a["state_v_first"] = False
+    with pytest.warns(DeprecationWarning):
+        pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), transpose_state_layout=True)
+    assert offline[-1][5].param_dict["VFIRST"] is True

@@ -35,7 +35,7 @@ from pykda.ops import paged_decode as _paged   # noqa: E402
 OPS = {"single_decode_with_kv_cache": ("out",),
        "batch_decode_with_padded_kv_cache": ("out",),
        "paged_decode_run": ("out",),
-       "chunk_kda": ("initial_state", "out", "final_state"),
+       "chunk_kda": ("initial_state", "out", "final_state", "intermediate_states"),
        "fused_recurrent_kda": ("initial_state", "out")}
 KIMI = dict(use_gate_in_kernel=True, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True)
 bf16, f32 = torch.bfloat16, torch.float32
@@ -119,7 +119,8 @@ def test_fake_chunk_kda_results():
         x = kda_inputs(1, 100, 2, 128)
         cu = torch.empty(4, dtype=torch.int32, device="cuda")
         # a new final state: [N, H, K, K], N from cu_seqlens, initial_state's dtype (fp32 without one)
-        o, fs = torch.ops.pykda.chunk_kda(**x, **KIMI, output_final_state=True, cu_seqlens=cu)
+        o, fs, ckpt = torch.ops.pykda.chunk_kda(**x, **KIMI, output_final_state=True, cu_seqlens=cu)
+        assert ckpt.numel() == 0
         assert meta(o) == ((1, 100, 2, 128), bf16, "cuda") and meta(fs) == ((3, 2, 128, 128), f32, "cuda")
         s0 = torch.empty(3, 2, 128, 128, dtype=bf16, device="cuda")
         o, fs = ops.chunk_kda(**x, **KIMI, initial_state=s0, output_final_state=True, cu_seqlens=cu)
@@ -131,18 +132,45 @@ def test_fake_chunk_kda_results():
         assert fs is None
         # buffers written in place: placeholders from the op, the buffers from the wrapper
         fin, out = torch.empty(4, 2, 64, 64, device="cuda"), torch.empty(4, 16, 2, 64, dtype=bf16, device="cuda")
-        o, fs = torch.ops.pykda.chunk_kda(**y, **KIMI, final_state=fin, out=out)
+        o, fs, _ = torch.ops.pykda.chunk_kda(**y, **KIMI, final_state=fin, out=out)
         assert o.numel() == 0 and fs.numel() == 0
         o, fs = ops.chunk_kda(**y, **KIMI, final_state=fin, out=out)
         assert o is out and fs is fin
         pool, rows = torch.empty(9, 2, 128, 128, device="cuda"), torch.empty(3, dtype=torch.int64, device="cuda")
-        o, fs = torch.ops.pykda.chunk_kda(**x, **KIMI, initial_state=pool, output_final_state=True, cu_seqlens=cu,
-                                          state_indices=rows, state_v_first=True)
+        o, fs, _ = torch.ops.pykda.chunk_kda(**x, **KIMI, initial_state=pool, output_final_state=True,
+                                             cu_seqlens=cu, state_indices=rows, state_v_first=True)
         assert fs.numel() == 0
         assert ops.chunk_kda(**x, **KIMI, initial_state=pool, output_final_state=True, cu_seqlens=cu,
                              state_indices=rows, state_v_first=True)[1] is pool
         assert ops.chunk_kda(**x, **KIMI, initial_state=pool, cu_seqlens=cu, state_indices=rows,
                              state_v_first=True)[1] is None
+
+
+def test_fake_chunk_kda_checkpoints():
+    """return_intermediate_states: new checkpoints [B, ceil(T / E), H, K, K] in the states' dtype
+    (E: checkpoint_every, else fla's chunk: 32 with chunk_size=32, else 64), a placeholder where a
+    buffer is given (the wrapper returns the buffer); with cu_seqlens their number depends on the
+    lengths, so the op asks for the buffer."""
+    with fake_mode():
+        y = kda_inputs(2, 200, 2, 64)
+        s0 = torch.empty(2, 2, 64, 64, dtype=bf16, device="cuda")
+        for kw, rows, dtype in ((dict(), 4, f32), (dict(chunk_size=32), 7, f32), (dict(checkpoint_every=16), 13, f32),
+                                (dict(initial_state=s0, chunk_size=64), 4, bf16)):
+            o, fs, ckpt = torch.ops.pykda.chunk_kda(**y, **KIMI, return_intermediate_states=True, **kw)
+            assert meta(ckpt) == ((2, rows, 2, 64, 64), dtype, "cuda") and fs.numel() == 0
+            o, fs, ckpt = ops.chunk_kda(**y, **KIMI, return_intermediate_states=True, **kw)
+            assert meta(ckpt) == ((2, rows, 2, 64, 64), dtype, "cuda") and fs is None
+        assert len(ops.chunk_kda(**y, **KIMI)) == 2
+        x = kda_inputs(1, 100, 2, 128)
+        cu = torch.empty(4, dtype=torch.int32, device="cuda")
+        with pytest.raises(ValueError, match="needs an intermediate_states buffer"):
+            torch.ops.pykda.chunk_kda(**x, **KIMI, cu_seqlens=cu, return_intermediate_states=True)
+        buf = torch.empty(1, 5, 2, 128, 128, device="cuda")
+        o, fs, ckpt = torch.ops.pykda.chunk_kda(**x, **KIMI, cu_seqlens=cu, return_intermediate_states=True,
+                                                intermediate_states=buf)
+        assert ckpt.numel() == 0
+        assert ops.chunk_kda(**x, **KIMI, cu_seqlens=cu, return_intermediate_states=True,
+                             intermediate_states=buf)[2] is buf
 
 
 def test_fake_fused_recurrent_kda_results():
@@ -208,9 +236,10 @@ def stand_in_decode(q, k, v, *, kv_layout="NHD", kv_lens=None, scale=None, out=N
 
 def stand_in_chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                        use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
-                       allow_neg_eigval=False, safe_gate=False, lower_bound=None, state_v_first=False, cu_seqlens=None,
-                       cu_seqlens_cpu=None, *, A_log=None, dt_bias=None, state_indices=None, has_initial_state=None,
-                       out=None, final_state=None, chunk_size=16, **ignored):
+                       allow_neg_eigval=False, safe_gate=False, lower_bound=None, disable_recompute=False,
+                       return_intermediate_states=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
+                       *, A_log=None, dt_bias=None, state_indices=None, has_initial_state=None, out=None,
+                       final_state=None, chunk_size=16, checkpoint_every=None, intermediate_states=None, **ignored):
     B, T, H, K = q.shape
     o = (q.float() * beta.float()[..., None] + v.float() + g.float()).to(bf16)
     if out is not None:
@@ -218,17 +247,27 @@ def stand_in_chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_
         o = out
     n = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
     step = k.float().mean() + torch.arange(n, dtype=f32).view(n, 1, 1, 1)
+    ckpt = intermediate_states
+    if return_intermediate_states or intermediate_states is not None:
+        every = checkpoint_every or 64
+        if ckpt is None:
+            ckpt = torch.empty(B, -(-T // every), H, K, K, dtype=initial_state.dtype if initial_state is not None
+                               else f32)
+        ckpt.copy_(q.float().mean() + torch.arange(ckpt.shape[1], dtype=f32).view(1, -1, 1, 1, 1))
     if state_indices is not None:
         for i, r in enumerate(state_indices.tolist()):
             if 0 <= r < initial_state.shape[0]:
                 initial_state[r] += step[i].to(initial_state.dtype)
-        return o, (initial_state if output_final_state else None)
-    s0 = initial_state.float() if initial_state is not None else torch.zeros(n, H, K, K)
-    new = (s0 + step).to(initial_state.dtype if initial_state is not None else f32)
-    if final_state is not None:
-        final_state.copy_(new)
-        return o, final_state
-    return o, (new if output_final_state else None)
+        fs = initial_state if output_final_state else None
+    else:
+        s0 = initial_state.float() if initial_state is not None else torch.zeros(n, H, K, K)
+        new = (s0 + step).to(initial_state.dtype if initial_state is not None else f32)
+        if final_state is not None:
+            final_state.copy_(new)
+            fs = final_state
+        else:
+            fs = new if output_final_state else None
+    return (o, fs, ckpt) if return_intermediate_states else (o, fs)
 
 
 def stand_in_fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None,
@@ -335,8 +374,8 @@ def test_ops_run_with_the_buffers_they_write_left_out(stand_ins):
     o, lse = torch.ops.pykda.batch_decode_with_padded_kv_cache(x["q2"], x["k2"], x["v2"], return_lse=True)
     assert o.shape == (4, 8, 128) and lse.shape == (4, 8)
     kda3 = [x[n + "3"] for n in ("q", "k", "v", "g", "beta")]
-    o, fs = torch.ops.pykda.chunk_kda(*kda3, output_final_state=True)
-    assert o.shape == (1, 100, 2, 128) and fs.shape == (1, 2, 128, 128)
+    o, fs, ckpt = torch.ops.pykda.chunk_kda(*kda3, output_final_state=True)
+    assert o.shape == (1, 100, 2, 128) and fs.shape == (1, 2, 128, 128) and ckpt.numel() == 0
     pool = x["pool"].clone()
     o = torch.ops.pykda.fused_recurrent_kda(*[x[n + "4"] for n in ("q", "k", "v", "g", "beta")], initial_state=pool)
     assert o.shape == (4, 1, 2, 128) and not torch.equal(pool, x["pool"])
@@ -359,11 +398,30 @@ def test_opcheck_with_stand_ins(stand_ins):
         (torch.ops.pykda.chunk_kda, tuple(x[n + "3"] for n in ("q", "k", "v", "g", "beta")),
          dict(A_log=x["A_log3"], dt_bias=x["dt_bias3"], cu_seqlens=x["cu"], initial_state=x["pool"][:3].clone(),
               final_state=torch.empty(3, 2, 128, 128), out=torch.empty(1, 100, 2, 128, dtype=bf16), **kimi)),
+        (torch.ops.pykda.chunk_kda, tuple(x[n + "3"] for n in ("q", "k", "v", "g", "beta")),
+         dict(A_log=x["A_log3"], dt_bias=x["dt_bias3"], return_intermediate_states=True, checkpoint_every=32,
+              **kimi)),
+        (torch.ops.pykda.chunk_kda, tuple(x[n + "3"] for n in ("q", "k", "v", "g", "beta")),
+         dict(A_log=x["A_log3"], dt_bias=x["dt_bias3"], cu_seqlens=x["cu"], return_intermediate_states=True,
+              intermediate_states=torch.empty(1, 3, 2, 128, 128), **kimi)),
         (torch.ops.pykda.fused_recurrent_kda, tuple(x[n + "4"] for n in ("q", "k", "v", "g", "beta")),
          dict(A_log=x["A_log4"], dt_bias=x["dt_bias4"], initial_state=x["pool"], state_indices=x["rows4"], **kimi)),
     ]
     for op, args, kwargs in cases:
         torch.library.opcheck(op.default, args, kwargs)
+
+
+def test_checkpoints_through_the_wrapper_equal_eager(stand_ins):
+    """torch_ops.chunk_kda returns the eager function's three results, a buffer's contents included."""
+    x = cpu_step_inputs()
+    args = tuple(x[n + "3"] for n in ("q", "k", "v", "g", "beta"))
+    kw = dict(**KIMI, A_log=x["A_log3"], dt_bias=x["dt_bias3"], return_intermediate_states=True, checkpoint_every=32)
+    assert_same(ops.chunk_kda(*args, **kw, output_final_state=True)[::2],
+                EAGER.chunk_kda(*args, **kw, output_final_state=True)[::2])
+    buf, ref = torch.empty(1, 4, 2, 128, 128), torch.empty(1, 4, 2, 128, 128)
+    o, fs, ckpt = ops.chunk_kda(*args, **kw, intermediate_states=buf)
+    EAGER.chunk_kda(*args, **kw, intermediate_states=ref)
+    assert ckpt is buf and fs is None and torch.equal(buf, ref)
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -653,6 +711,12 @@ def test_opcheck_with_the_kernels():
                                                cu_seqlens=x["cu"], **kimi)),
         (torch.ops.pykda.chunk_kda, kda3, dict(A_log=x["A_log3"], dt_bias=x["dt_bias3"], cu_seqlens=x["cu"],
                                                output_final_state=True, **kimi)),
+        (torch.ops.pykda.chunk_kda, tuple(x[n + "3"] for n in ("q", "k", "v", "g", "beta")),
+         dict(A_log=x["A_log3"], dt_bias=x["dt_bias3"], return_intermediate_states=True, checkpoint_every=32,
+              **kimi)),
+        (torch.ops.pykda.chunk_kda, tuple(x[n + "3"] for n in ("q", "k", "v", "g", "beta")),
+         dict(A_log=x["A_log3"], dt_bias=x["dt_bias3"], cu_seqlens=x["cu"], return_intermediate_states=True,
+              intermediate_states=torch.empty(1, 3, 2, 128, 128), **kimi)),
         (torch.ops.pykda.fused_recurrent_kda, tuple(x[n + "4"] for n in ("q", "k", "v", "g", "beta")),
          dict(A_log=x["A_log4"], dt_bias=x["dt_bias4"], initial_state=x["pool"], state_indices=x["rows4"], **kimi)),
     ]

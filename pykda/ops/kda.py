@@ -44,7 +44,7 @@ from .. import runtime
 from ..runtime.arrays import CallArrays, DeviceArray, as_device_array, contiguous_strides
 from .checks import (Memo, check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim,
                      check_rows_contiguous, check_same_device, check_shape, check_stages, resolve_scale)
-from .kda_variant import KdaFlags, KdaVariant, resolve_variant
+from .kda_variant import KdaFlags, KdaVariant, resolve_state_v_first, resolve_variant
 
 HEAD_DIMS = (64, 128)
 CHUNK_SIZES = (16, 32)
@@ -55,7 +55,7 @@ PREP_THREADS = 128
 # every key dim (2^-G fits fp32 and bf16); other chunks take the growth-free form
 GROWTH_LIMIT = 120.0
 DEFAULT_STAGES = {16: 4, 32: 3}
-DEFAULT_CHECKPOINT_EVERY = 64  # tokens between checkpoints: fla's chunk (its intermediate states' spacing)
+FLA_CHUNKS = (32, 64)          # fla's chunk sizes (64 its default): the spacing of its intermediate states
 SEGMENT_MIN_CHUNKS = 64        # the planner's smallest segment: ~30 µs of chain, well above two launches
 SPLIT_S = False                # state split into bf16 hi + lo for S·kdᵀ and S·qdᵀ
 
@@ -518,6 +518,17 @@ def longest_chunks(cu_seqlens_cpu, chunk_size: int) -> int:
     return -(-chunks // step) * step
 
 
+def kernel_chunk(chunk_size) -> tuple[int, int]:
+    """The kernels' chunk for a call's `chunk_size` (pykda's 16 or 32, or fla's 32 or 64: fla's
+    64 runs chunks of 16) and the spacing of its checkpoints by default: fla's chunk (32 for 32,
+    else 64 tokens)."""
+    if chunk_size not in CHUNK_SIZES + FLA_CHUNKS:
+        raise ValueError(f"chunk_size must be one of {CHUNK_SIZES} (the kernels' chunk) or fla's {FLA_CHUNKS}; "
+                         f"got {chunk_size!r}")
+    return (chunk_size if chunk_size in CHUNK_SIZES else CHUNK_SIZES[0],
+            chunk_size if chunk_size in FLA_CHUNKS else FLA_CHUNKS[-1])
+
+
 ARGUMENTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "state_indices", "has_initial_state",
              "cu_seqlens", "out", "final_state", "intermediate_states")
 REQUIRED = 5   # q .. beta
@@ -528,13 +539,15 @@ PREPARED = Memo(lambda arrays, settings: prepare_chunk_kda(*arrays.views(), *set
 def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, output_final_state: bool = False,
               use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
               use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False, safe_gate: bool = False,
-              lower_bound: float | None = None, state_v_first: bool = False, cu_seqlens=None, cu_seqlens_cpu=None,
-              *, A_log=None, dt_bias=None, state_indices=None, has_initial_state=None, out=None, final_state=None,
+              lower_bound: float | None = None, disable_recompute: bool = False,
+              return_intermediate_states: bool = False, state_v_first: bool = False, cu_seqlens=None,
+              cu_seqlens_cpu=None, cp_context=None, use_graph: bool = False, max_num_seqs: int | None = None, *,
+              A_log=None, dt_bias=None, state_indices=None, has_initial_state=None, out=None, final_state=None,
               chunk_size: int = 16, stream=None, warps: int | None = None, stages: int | None = None,
-              segment_chunks: int | None = None, disable_recompute: bool = False, use_graph: bool = False,
-              max_num_seqs: int | None = None, return_intermediate_states: bool = False, cp_context=None,
-              checkpoint_every: int | None = None, intermediate_states=None):
-    """Chunked Kimi Delta Attention forward (prefill), with fla's `chunk_kda` arguments.
+              segment_chunks: int | None = None, checkpoint_every: int | None = None, intermediate_states=None,
+              transpose_state_layout: bool | None = None):
+    """Chunked Kimi Delta Attention forward (prefill), with fla's `chunk_kda` arguments (in fla's
+    positional order; pykda's own are keyword-only).
 
     q, k: [B, T, H, K] bf16; v: [B, T, H, V] bf16; g: [B, T, H, K] bf16 or fp32; beta: [B, T, H]
     bf16 or fp32; read in place (q, k, v, g: last dim contiguous, 16-byte aligned strides).
@@ -545,7 +558,8 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
       with `lower_bound` (and `safe_gate`) `lower_bound * sigmoid(exp(A_log) * (g + dt_bias))`.
       A_log: H fp32 elements in any shape ([H], [1, 1, H, 1]); dt_bias: H*K fp32 ([H, K], [H*K]).
     - β: probabilities, or logits with `use_beta_sigmoid_in_kernel` (2·sigmoid with `allow_neg_eigval`).
-    - States: [N, H, K, V] (fla's layout) or [N, H, V, K] with `state_v_first=True`, fp32 or bf16.
+    - States: [N, H, K, V] (fla's layout) or [N, H, V, K] with `state_v_first=True` (fla's
+      deprecated name `transpose_state_layout` is taken too), fp32 or bf16.
       `initial_state` (None: zeros); the final state is returned when `output_final_state` or
       when `final_state` (a buffer to fill, which may be `initial_state` itself) is given; it has
       initial_state's dtype (fp32 when none is given).
@@ -566,12 +580,13 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
       the longest sequence. A CUDA graph keeps the plan of its capture (any lengths stay correct).
     - Checkpoints (prefix caching, speculative-decode rollback), as fla's
       `return_intermediate_states`: the state before tokens 0, E, 2E, ... of each sequence (E =
-      `checkpoint_every`, a multiple of chunk_size, default 64 = fla's chunk), in the states'
-      dtype and layout: [B, ceil(T / E), H, ., .], or with varlen [1, Σ ceil(len_n / E), H, ., .]
-      in sequence order (fla's packing). With `return_intermediate_states` the call returns them
+      `checkpoint_every`, a multiple of the kernel's chunk, default fla's chunk: 32 with
+      `chunk_size=32`, else 64), in the states' dtype and layout: [B, ceil(T / E), H, ., .], or
+      with varlen [1, Σ ceil(len_n / E), H, ., .] in sequence order (fla's packing). With `return_intermediate_states` the call returns them
       as a third value, in `intermediate_states` (a buffer to fill; varlen: rows past its end are
       not written) or a new array (varlen: sized from `cu_seqlens_cpu`, which is then required).
-    - `chunk_size` 16 or 32; `warps`, `stages` override the planner.
+    - `chunk_size`: the kernels' chunk, 16 or 32; fla's 64 (its default) runs chunks of 16, and
+      its checkpoints come every 64 tokens as fla's do. `warps`, `stages` override the planner.
     Returns (o [B, T, H, V] bf16 in q's framework (or `out`), final_state or None[, checkpoints]).
     """
     if cp_context is not None:
@@ -579,9 +594,11 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
     del disable_recompute, use_graph, max_num_seqs   # nothing to do with them (see above)
     if cu_seqlens_cpu is not None and cu_seqlens is None:
         raise ValueError("cu_seqlens_cpu is given without cu_seqlens")
+    state_v_first = resolve_state_v_first(state_v_first, transpose_state_layout)
+    chunk_size, default_every = kernel_chunk(chunk_size)
     every = 0
     if return_intermediate_states or intermediate_states is not None:
-        every = DEFAULT_CHECKPOINT_EVERY if checkpoint_every is None else checkpoint_every
+        every = default_every if checkpoint_every is None else checkpoint_every
         if isinstance(every, bool) or not isinstance(every, (int, np.integer)):
             raise ValueError(f"checkpoint_every must be an int (tokens); got {checkpoint_every!r}")
         every = int(every)
@@ -684,6 +701,7 @@ def chunk_kda_slice(q, k, v, g, beta, start_of, scale: float | None = None, outp
                         REQUIRED)
     settings = (scale, (use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
                         safe_gate, lower_bound),
-                state_v_first, chunk_size, warps, stages, segment_chunks, None, output_final_state, 0, True)
+                state_v_first, kernel_chunk(chunk_size)[0], warps, stages, segment_chunks, None, output_final_state, 0,
+                True)
     call = PREPARED.get((arrays.key, settings), arrays, settings)
     return _run(call, arrays, q, stream, out, None, final_state, start_of)[:2]

@@ -14,7 +14,7 @@ import numpy as np
 from .. import runtime
 from ..runtime.arrays import CallArrays, contiguous_strides
 from .kda import check_kda_inputs
-from .kda_variant import KdaFlags, KdaVariant, resolve_variant
+from .kda_variant import KdaFlags, KdaVariant, resolve_state_v_first, resolve_variant
 from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim,
                      check_rows_contiguous, check_same_device, check_shape, check_stages, Memo, resolve_scale)
 
@@ -304,16 +304,17 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
                         allow_neg_eigval: bool = False, lower_bound: float | None = None, state_v_first: bool = False,
                         cu_seqlens=None, *, safe_gate: bool = False, state_indices=None, ssm_state_indices=None,
                         num_accepted_tokens=None, inplace_final_state: bool = True, out=None, stream=None,
-                        check_indices: bool = False, rows_per_thread: int | None = None, stages: int | None = None):
+                        check_indices: bool = False, rows_per_thread: int | None = None, stages: int | None = None,
+                        transpose_state_layout: bool | None = None):
     """One or a few KDA recurrent steps per sequence, updating a pool of states in place; fla's
     `fused_recurrent_kda` arguments (gate modes, β forms and the norm flag as in `chunk_kda`).
 
     q, k [B, T, H, K], v [B, T, H, V] bf16; g [B, T, H, K] and beta [B, T, H] bf16 or fp32;
     A_log (H fp32 elements, any shape) and dt_bias (H*K fp32) where the gate is computed in the
     kernel; K = V in {64, 128}. initial_state is the pool, fla's K-first [P, H, K, V] or with
-    `state_v_first=True` [P, H, V, K] (fp32 or bf16; either layout read and written as it is, no
-    transposing copy), and is updated in place: unlike fla, the call always writes the new states
-    back into it. state_indices [N]
+    `state_v_first=True` (or fla's deprecated `transpose_state_layout=True`) [P, H, V, K] (fp32
+    or bf16; either layout read and written as it is, no transposing copy), and is updated in
+    place: unlike fla, the call always writes the new states back into it. state_indices [N]
     (int32/int64) picks each sequence's row, a negative index marks a padding slot (zero outputs,
     no state touched); without it sequence n uses row n. With cu_seqlens [N + 1] the tokens are
     packed (B = 1). Tokens of a sequence are applied in order, one output per token.
@@ -336,6 +337,7 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
         if state_indices is not None:
             raise ValueError("pass state_indices or ssm_state_indices (fla's name for it), not both")
         state_indices = ssm_state_indices
+    state_v_first = resolve_state_v_first(state_v_first, transpose_state_layout)
     if not inplace_final_state:
         raise ValueError("inplace_final_state=False is not supported: fused_recurrent_kda updates the pool "
                          "initial_state in place")

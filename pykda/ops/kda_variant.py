@@ -14,6 +14,7 @@ Gate modes (fla's `use_gate_in_kernel`, `lower_bound`, `safe_gate`):
 from __future__ import annotations
 
 import math
+import warnings
 from typing import NamedTuple
 
 from ..runtime.arrays import DeviceArray
@@ -91,3 +92,15 @@ def resolve_variant(flags: KdaFlags, g: DeviceArray, beta: DeviceArray, A_log: D
         check_contiguous(dt_bias, "dt_bias")
         check_aligned(dt_bias, "dt_bias", 16)   # read in 16-byte pieces
     return KdaVariant(gate, beta_form, bool(flags.use_qk_l2norm_in_kernel), g.dtype, beta.dtype, lb)
+
+
+def resolve_state_v_first(state_v_first: bool, transpose_state_layout: bool | None) -> bool:
+    """The state layout flag, also under fla's deprecated name `transpose_state_layout` (with
+    fla's DeprecationWarning; both given as True is fla's ValueError)."""
+    if transpose_state_layout is None:
+        return state_v_first
+    if state_v_first:
+        raise ValueError("Cannot pass both state_v_first and the deprecated transpose_state_layout")
+    warnings.warn("transpose_state_layout is deprecated and renamed to state_v_first", DeprecationWarning,
+                  stacklevel=3)
+    return transpose_state_layout
