@@ -70,7 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--chunk-size", default=None, help="decode: comma list of chunk sizes to sweep")
     b.add_argument("--rows-per-thread", default=None,
                    help="kda-decode: comma list of state rows per lane group (1, 2, 4, 8) to sweep")
-    b.add_argument("--stages", default=None, help="decode, kda-decode: comma list of pipeline depths to sweep")
+    b.add_argument("--stages", default=None, help="decode, kda, kda-decode: comma list of pipeline depths to sweep")
+    b.add_argument("--warps", default=None,
+                   help="kda: comma list of recurrence consumer warps (1, 2, 4, 8: V split in 16-row slices) to sweep")
+    b.add_argument("--segment-chunks", default=None,
+                   help="kda: comma list of chunks per segment to sweep (0: the serial chain; auto: the planner's)")
     b.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
     b.add_argument("--grid", action="store_true",
                    help="decode: issue 13's grid of 40 shapes (head ratios, D 64/128/256, lengths 1..1M, uneven "

@@ -8,15 +8,17 @@ import time
 from . import plot
 
 
-def settings(text: str | None) -> list:
-    """A comma list of template-parameter settings to sweep; 0 (or nothing) is the planner's choice."""
-    return [None] if not text else [int(x) or None for x in text.split(",")]
+def settings(text: str | None, zero=None) -> list:
+    """A comma list of settings to sweep; "auto" (or nothing) is the planner's choice, and so is 0
+    unless `zero` says what 0 means (e.g. segment_chunks=0: no segments)."""
+    return [None] if not text else [None if x.strip() == "auto" else int(x) or zero for x in text.split(",")]
 
 
-# the template parameters each bench sweeps
-SWEEPS = {"decode": ("chunk_size", "stages"), "kda": (), "kda-decode": ("rows_per_thread", "stages"), "paged-decode": ()}
+# the template and planner parameters each bench sweeps
+SWEEPS = {"decode": ("chunk_size", "stages"), "kda": ("warps", "stages", "segment_chunks"),
+          "kda-decode": ("rows_per_thread", "stages"), "paged-decode": ()}
 # the sweep, shape and plot options each bench takes; any other given is an error, never ignored
-OPTIONS = {"decode": SWEEPS["decode"] + ("shapes", "plot", "grid"), "kda": ("shapes",),
+OPTIONS = {"decode": SWEEPS["decode"] + ("shapes", "plot", "grid"), "kda": SWEEPS["kda"] + ("shapes",),
            "kda-decode": SWEEPS["kda-decode"] + ("plot",), "paged-decode": ("shapes",)}
 
 

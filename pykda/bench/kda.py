@@ -16,9 +16,14 @@ segments with it.
 
 The "pool" row repeats one shape (POOL_SHAPE) with the states read from and written back into
 rows of a pool larger than N (`initial_state=pool, state_indices=idx`), beside the contiguous
-`initial_state` call of the same shape timed in the same row."""
+`initial_state` call of the same shape timed in the same row.
+
+With `--warps`, `--stages` or `--segment-chunks` it sweeps the planner's settings instead: pykda
+alone, a row per shape, gate mode and setting, the planner's own choice ("auto") first and each
+row's time against it ("x auto")."""
 from __future__ import annotations
 
+import itertools
 import os
 import re
 
@@ -27,7 +32,7 @@ import numpy as np
 from .. import reference
 from ..ops.kda import chunk_kda
 from ..ops.kda_variant import SAFE_GATE_FLAGS
-from . import timing
+from . import settings, timing
 from ..progress import progress
 
 D = 128
@@ -149,21 +154,32 @@ def _time(row, name, fn, timer):
         row[name + "_error"] = f"{type(exc).__name__}: {exc}"[:200]
 
 
+def _sweep_points(args) -> list:
+    """The (warps, stages, segment_chunks) settings of a sweep, the planner's (None, None, None)
+    first; [] without sweep options."""
+    points = list(itertools.product(settings(getattr(args, "warps", None)), settings(getattr(args, "stages", None)),
+                                    settings(getattr(args, "segment_chunks", None), zero=0)))
+    auto = (None, None, None)
+    return [] if points == [auto] else [auto] + [p for p in points if p != auto]
+
+
 def run(args):
     import torch
     timer, copy_tbs = timing.start(getattr(args, "flush", "read"))
-    peers = _peers()
-    rows = []
     custom = getattr(args, "shapes", None)
     shapes = parse_shapes(custom) if custom else SHAPES[:3] if args.quick else SHAPES
+    points = _sweep_points(args)
+    if points:
+        return _sweep(shapes, points, timer, copy_tbs)
+    peers = _peers()
+    rows = []
     fla_rows = set() if custom else FLA_SHAPES   # (fla's autotune: only where asked for by default)
     if args.quick and not custom:
         shapes = shapes + [(H, lengths, True) for H, lengths in [POOL_SHAPE]]
     for i, (H, lengths, with_state) in progress(list(enumerate(shapes)), "bench kda", label=_label, unit="shape"):
         x, params, cu, h0 = _inputs(H, lengths, with_state)
         T, N = sum(lengths), len(lengths)
-        floor_bytes = 5 * T * H * D * 2 + (2 * N * H * D * D * 4 if with_state else 0)
-        floor_ms = floor_bytes / (copy_tbs * 1e12) * 1e3
+        floor_ms = _floor_ms(H, lengths, with_state, copy_tbs)
         for gate in GATES:
             timed = {k: v for k, v in peers.items() if k != "fla" or i in fla_rows}
             row = dict(H=H, T=T, N=N, state=with_state, gate=gate, floor_ms=floor_ms)
@@ -180,6 +196,52 @@ def run(args):
     host = _host_row()
     _print(rows, accuracy, host)
     return {"timing": rows, "accuracy": accuracy, "host": host}
+
+
+def _floor_ms(H, lengths, with_state, copy_tbs) -> float:
+    """The memory floor: q, k, v, g and o once (bf16), the states read and written (fp32)."""
+    T, N = sum(lengths), len(lengths)
+    return (5 * T * H * D * 2 + (2 * N * H * D * D * 4 if with_state else 0)) / (copy_tbs * 1e12) * 1e3
+
+
+def _sweep(shapes, points, timer, copy_tbs) -> dict:
+    """pykda's ms at each (warps, stages, segment_chunks) point of every shape and gate mode."""
+    import torch
+    rows = []
+    for H, lengths, with_state in progress(shapes, "bench kda sweep", label=lambda s: _label((0, s)), unit="shape"):
+        x, params, cu, h0 = _inputs(H, lengths, with_state)
+        for gate in GATES:
+            ours = _runners(x, params, cu, h0, {}, gate)["pykda"]
+            for warps, stages, seg in points:
+                row = dict(H=H, T=sum(lengths), N=len(lengths), state=with_state, gate=gate,
+                           floor_ms=_floor_ms(H, lengths, with_state, copy_tbs), warps=warps, stages=stages,
+                           segment_chunks=seg)
+                _time(row, "pykda", lambda: ours(warps=warps, stages=stages, segment_chunks=seg), timer)
+                rows.append(row)
+        del x, params, cu, h0
+        torch.cuda.empty_cache()
+    _print_sweep(rows)
+    return {"timing": rows}
+
+
+def _print_sweep(rows):
+    auto = lambda v: "auto" if v is None else str(v)   # noqa: E731
+    print(f"\n{'H':>3} {'T':>7} {'N':>2} {'gate':>8} {'warps':>5} {'stages':>6} {'seg':>5} {'ms':>8} {'x auto':>6} "
+          f"{'%floor':>6}")
+    base = {}
+    for r in rows:
+        key = (r["H"], r["T"], r["N"], r["gate"])
+        ms = r.get("pykda")
+        if (r["warps"], r["stages"], r["segment_chunks"]) == (None, None, None):
+            base[key] = ms
+        ratio = f"{base[key] / ms:.2f}" if ms and base.get(key) else "-"
+        time, pct = (f"{ms:.3f}", f"{100 * r['floor_ms'] / ms:.0f}") if ms else ("-", "-")
+        print(f"{r['H']:3d} {r['T']:7d} {r['N']:2d} {r['gate']:>8} {auto(r['warps']):>5} {auto(r['stages']):>6} "
+              f"{auto(r['segment_chunks']):>5} {time:>8} {ratio:>6} {pct:>6}")
+    for r in rows:
+        if r.get("pykda_error"):
+            print(f"  H={r['H']} T={r['T']} {r['gate']} warps={auto(r['warps'])} stages={auto(r['stages'])} "
+                  f"seg={auto(r['segment_chunks'])}: {r['pykda_error']}")
 
 
 def _label(item) -> str:
