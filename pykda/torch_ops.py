@@ -61,10 +61,11 @@ Two ways in, with pykda's keywords:
 
 Declared mutations: ``out`` (all ops); ``initial_state``, ``final_state`` and
 ``intermediate_states`` (chunk_kda: the pool is written with ``state_indices``, ``final_state``
-when given, which may be ``initial_state`` itself, and the checkpoint buffer); ``initial_state`` (fused_recurrent_kda, the pool). Under ``mode="reduce-overhead"``
-Inductor records CUDA graphs only when the tensors written in place are static to it: mark
-pools and ``out=`` buffers with ``torch._dynamo.mark_static_address`` (serving engines do this
-for their caches); otherwise it skips the graph ("mutated inputs") and runs the step without one.
+when given, which may be ``initial_state`` itself, and the checkpoint buffer); ``initial_state``
+(fused_recurrent_kda, the pool). Under ``mode="reduce-overhead"`` Inductor records CUDA graphs
+only when the tensors written in place are static to it: mark pools and ``out=`` buffers with
+``torch._dynamo.mark_static_address`` (serving engines do this for their caches); otherwise it
+skips the graph ("mutated inputs") and runs the step without one.
 
 Differences from the eager functions, each because an op's arguments are tensors and numbers:
 no ``stream=`` (the ops launch on torch's current stream: ``with torch.cuda.stream(s):``;
@@ -207,11 +208,6 @@ def _(q, k_cache, v_cache, tables, indices, batch, q_heads, kv_heads, head_dim, 
 # ---------------------------------------------------------------------------------------------
 # KDA prefill
 # ---------------------------------------------------------------------------------------------
-
-def _new_final_state(output_final_state: bool, state_indices, final_state) -> bool:
-    """chunk_kda returns a new final-state tensor (rather than filling a buffer in place)."""
-    return output_final_state and final_state is None and state_indices is None
-
 
 def _returns(output_final_state: bool, state_indices, final_state, return_intermediate_states: bool,
              intermediate_states) -> Tuple[bool, bool]:

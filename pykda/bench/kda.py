@@ -235,9 +235,9 @@ def _print_sweep(rows):
         if (r["warps"], r["stages"], r["segment_chunks"]) == (None, None, None):
             base[key] = ms
         ratio = f"{base[key] / ms:.2f}" if ms and base.get(key) else "-"
-        time, pct = (f"{ms:.3f}", f"{100 * r['floor_ms'] / ms:.0f}") if ms else ("-", "-")
+        cell, pct = (f"{ms:.3f}", f"{100 * r['floor_ms'] / ms:.0f}") if ms else ("-", "-")
         print(f"{r['H']:3d} {r['T']:7d} {r['N']:2d} {r['gate']:>8} {auto(r['warps']):>5} {auto(r['stages']):>6} "
-              f"{auto(r['segment_chunks']):>5} {time:>8} {ratio:>6} {pct:>6}")
+              f"{auto(r['segment_chunks']):>5} {cell:>8} {ratio:>6} {pct:>6}")
     for r in rows:
         if r.get("pykda_error"):
             print(f"  H={r['H']} T={r['T']} {r['gate']} warps={auto(r['warps'])} stages={auto(r['stages'])} "

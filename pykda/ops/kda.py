@@ -582,9 +582,10 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
       `return_intermediate_states`: the state before tokens 0, E, 2E, ... of each sequence (E =
       `checkpoint_every`, a multiple of the kernel's chunk, default fla's chunk: 32 with
       `chunk_size=32`, else 64), in the states' dtype and layout: [B, ceil(T / E), H, ., .], or
-      with varlen [1, Σ ceil(len_n / E), H, ., .] in sequence order (fla's packing). With `return_intermediate_states` the call returns them
-      as a third value, in `intermediate_states` (a buffer to fill; varlen: rows past its end are
-      not written) or a new array (varlen: sized from `cu_seqlens_cpu`, which is then required).
+      with varlen [1, Σ ceil(len_n / E), H, ., .] in sequence order (fla's packing). With
+      `return_intermediate_states` the call returns them as a third value, in
+      `intermediate_states` (a buffer to fill; varlen: rows past its end are not written) or a
+      new array (varlen: sized from `cu_seqlens_cpu`, which is then required).
     - `chunk_size`: the kernels' chunk, 16 or 32; fla's 64 (its default) runs chunks of 16, and
       its checkpoints come every 64 tokens as fla's do. `warps`, `stages` override the planner.
     Returns (o [B, T, H, V] bf16 in q's framework (or `out`), final_state or None[, checkpoints]).
