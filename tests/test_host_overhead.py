@@ -141,7 +141,8 @@ def _per_call_us(fn, number=2000, repeat=7) -> float:
 
 
 def measure() -> dict[str, float]:
-    """µs per piece of one fused_recurrent_kda call (B 1, H 32, D 128, fp32 pool)."""
+    """µs per piece of one fused_recurrent_kda call (B 1, H 32, D 128, fp32 pool), then µs per call
+    of a chunk_kda prefill step and of the decode calls."""
     twin = cpu_twin_of_arrays()
     x, pool, idx = cpu_inputs()
     out = torch.empty(B, 1, H, D, dtype=torch.bfloat16)
@@ -199,7 +200,30 @@ def measure() -> dict[str, float]:
         res[f"chunk_kda (stubbed GPU, {PREFILL_LABEL})"] = _per_call_us(
             lambda: kda.chunk_kda(**px, **PREFILL_FLAGS, cu_seqlens=pcu, initial_state=ppool, state_indices=pidx),
             number=500)
+        for label, call in decode_calls().items():
+            res[label] = _per_call_us(call)
     return res
+
+
+def decode_calls() -> dict:
+    """The README's decode calls by label (torch's lazily mapped empty caches), within stubbed_gpu:
+    a single sequence, a padded batch with kv_lens and the LSE, a paged run (planned here)."""
+    bf, hq, hkv = torch.bfloat16, 32, 8
+    q, k, v = torch.randn(hq, D).to(bf), torch.empty(32768, hkv, D, dtype=bf), torch.empty(32768, hkv, D, dtype=bf)
+    batch, S = 64, 4096
+    qb, kb, vb = torch.randn(batch, hq, D).to(bf), *(torch.empty(batch, hkv, S, D, dtype=bf) for _ in "kv")
+    lens = torch.randint(1, S + 1, (batch,), generator=torch.Generator().manual_seed(4), dtype=torch.int32)
+    page, rows = 16, 1024
+    kp, vp = (torch.empty(batch * rows // page, page, hkv, D, dtype=bf) for _ in "kv")
+    dec = paged_decode.BatchDecodeWithPagedKVCache("NHD")
+    dec.plan(np.arange(0, batch * rows // page + 1, rows // page, dtype=np.int32),
+             torch.arange(batch * rows // page, dtype=torch.int32), np.full(batch, page, np.int32), hq, hkv, D, page)
+    return {
+        f"single_decode (stubbed GPU, H {hq}/{hkv}, kv_len 32768)": lambda: decode.single_decode_with_kv_cache(q, k, v),
+        f"batch_decode (stubbed GPU, B {batch}, HND S {S}, kv_lens, lse)": lambda: decode.batch_decode_with_padded_kv_cache(
+            qb, kb, vb, kv_layout="HND", kv_lens=lens, return_lse=True),
+        f"paged run (stubbed GPU, B {batch}, page {page}, {rows} rows each)": lambda: dec.run(qb, kp, vp),
+    }
 
 
 # a chunked-prefill step as serving calls it: 4 packed sequences, Kimi Linear's gate, the state pool
