@@ -229,14 +229,16 @@ CALL_SIGNATURE = (int, 128, 128) + (int,) * 10
 PER_CALL = {name: runtime.PerCall(i) for i, name in enumerate(CALL_VALUES)}
 
 
-def plan_for(p: DecodeProblem, device: int, chunk_size: int | None, stages: int | None) -> DecodePlan:
-    """The plan of `p` on `device`, its shared memory within the device's."""
+def plan_for(p: DecodeProblem, device: int, chunk_size: int | None, stages: int | None, page_size: int = 0
+             ) -> tuple[DecodePlan, runtime.KernelSpec]:
+    """The plan of `p` on `device` (its shared memory within the device's) and the spec of its
+    kernel (paged with `page_size` > 0)."""
     dev = runtime.device_info(device)
     plan = plan_decode(p, dev.sm_count, dev.smem_per_sm, chunk_size, stages)
     if plan.smem > dev.smem_per_block_optin:
         raise ValueError(f"stages={plan.stages} needs {plan.smem} bytes of shared memory per block; "
                          f"the device allows {dev.smem_per_block_optin}")
-    return plan
+    return plan, decode_spec(p, plan, dev.arch, page_size)
 
 
 def kv_tensor_maps(a: DeviceArray, name: str, batched: bool, kv_layout: str, block_n: int) -> runtime.TiledMaps:
@@ -293,10 +295,10 @@ def row_params(p: DecodeProblem, plan: DecodePlan, scale: float, max_rows: int) 
     return i32(max_rows), i32(p.group), i32(plan.heads_per_cta), i32(plan.head_blocks), np.float32(scale)
 
 
-def decode_call(p: DecodeProblem, plan: DecodePlan, q: DeviceArray, out: DeviceArray | None, batched: bool, k_maps,
-                v_maps, scale: float, max_rows: int, page_size: int = 0, pages: tuple = NO_PAGES) -> DecodeCall:
-    """The prepared call of `plan`: the kernel (paged with `page_size` > 0; compiled on first use)
-    bound to its constants: q's and out's row strides (out given, or new and contiguous), the row
+def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q: DeviceArray, out: DeviceArray | None,
+                batched: bool, k_maps, v_maps, scale: float, max_rows: int, pages: tuple = NO_PAGES) -> DecodeCall:
+    """The prepared call of `plan`: the kernel of `spec` (compiled on first use) bound to its
+    constants: q's and out's row strides (out given, or new and contiguous), the row
     parameters (`row_params`) and a paged cache's page count and strides (`pages`). `k_maps`,
     `v_maps`: the tensor maps of K and V by address (TiledMaps)."""
     rows = (p.batch, p.q_heads) if batched else (p.q_heads,)
@@ -307,7 +309,6 @@ def decode_call(p: DecodeProblem, plan: DecodePlan, q: DeviceArray, out: DeviceA
             *row_strides(out_strides, batched), at["lse"], at["kv_indptr"], at["kv_indices"], at["k_cache"],
             at["v_cache"], *pages)
     values = runtime.CallValues(CALL_SIGNATURE)
-    spec = decode_spec(p, plan, runtime.device_info(q.device).arch, page_size)
     launch = bound_launch(spec, q.device, values, "decode_partial", KERNEL_SIGNATURE, args,
                           (plan.n_chunks, p.kv_heads, p.batch * plan.head_blocks), (WARPS + 1) * 32, plan.smem)
     return DecodeCall(p, plan, values, (launch,), k_maps, v_maps, rows, *workspace_layout(p, plan))
@@ -321,12 +322,12 @@ def prepare_decode(q, k, v, out, kv_lens, batched, kv_layout, scale, chunk_size,
     scale = resolve_scale(scale, p.head_dim)
     check_stages(stages)
     runtime.require_gpu()
-    plan = plan_for(p, q.device, chunk_size, stages)
+    plan, spec = plan_for(p, q.device, chunk_size, stages)
     k_maps = kv_tensor_maps(k, "k", batched, kv_layout, plan.block_n)
     v_maps = kv_tensor_maps(v, "v", batched, kv_layout, plan.block_n)
     k_maps(k.ptr)   # the geometries checked (TensorMapError names k or v) before any launch
     v_maps(v.ptr)
-    return decode_call(p, plan, q, out, batched, k_maps, v_maps, scale, p.kv_len)
+    return decode_call(p, plan, spec, q, out, batched, k_maps, v_maps, scale, p.kv_len)
 
 
 ARGUMENTS = ("q", "k", "v", "out", "kv_lens")

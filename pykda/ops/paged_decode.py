@@ -151,7 +151,7 @@ def prepare_paged(q, k, v, out, layout: PagedLayout) -> decode.DecodeCall:
     workspace, the tensor maps of the run's caches and the stream."""
     p = validate_paged(q, k, v, out, layout)
     runtime.require_gpu()
-    plan = decode.plan_for(p, q.device, layout.chunk_size, layout.stages)
+    plan, spec = decode.plan_for(p, q.device, layout.chunk_size, layout.stages, layout.page_size)
     (num_pages, _, _, _), (page_stride, row_stride, head_stride, _) = decode.kv_view(k, True, layout.kv_layout)
     if layout.page_size < decode.TMA_MIN_PAGE:
         k_maps = v_maps = _no_map
@@ -160,9 +160,8 @@ def prepare_paged(q, k, v, out, layout: PagedLayout) -> decode.DecodeCall:
         k_maps = decode.kv_tensor_maps(k, "k_cache", True, layout.kv_layout, box_rows)
         v_maps = decode.kv_tensor_maps(v, "v_cache", True, layout.kv_layout, box_rows)
         k_maps(k.ptr), v_maps(v.ptr)   # the geometries checked (TensorMapError names the cache) before any launch
-    return decode.decode_call(p, plan, q, out, True, k_maps, v_maps, layout.scale, MAX_ROWS, layout.page_size,
-                              (np.int32(num_pages), np.int64(page_stride), np.int64(row_stride),
-                               np.int64(head_stride)))
+    return decode.decode_call(p, plan, spec, q, out, True, k_maps, v_maps, layout.scale, MAX_ROWS,
+                              (np.int32(num_pages), np.int64(page_stride), np.int64(row_stride), np.int64(head_stride)))
 
 
 ARGUMENTS = ("q", "k_cache", "v_cache", "out")
