@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import inspect
 import struct
 import sys
@@ -218,12 +219,13 @@ def decode_calls() -> dict:
     dec = paged_decode.BatchDecodeWithPagedKVCache("NHD")
     dec.plan(np.arange(0, batch * rows // page + 1, rows // page, dtype=np.int32),
              torch.arange(batch * rows // page, dtype=torch.int32), np.full(batch, page, np.int32), hq, hkv, D, page)
-    return {
-        f"single_decode (stubbed GPU, H {hq}/{hkv}, kv_len 32768)": lambda: decode.single_decode_with_kv_cache(q, k, v),
-        f"batch_decode (stubbed GPU, B {batch}, HND S {S}, kv_lens, lse)": lambda: decode.batch_decode_with_padded_kv_cache(
-            qb, kb, vb, kv_layout="HND", kv_lens=lens, return_lse=True),
-        f"paged run (stubbed GPU, B {batch}, page {page}, {rows} rows each)": lambda: dec.run(qb, kp, vp),
-    }
+    return {f"single_decode (stubbed GPU, H {hq}/{hkv}, kv_len 32768)":
+            functools.partial(decode.single_decode_with_kv_cache, q, k, v),
+            f"batch_decode (stubbed GPU, B {batch}, HND S {S}, kv_lens, lse)":
+            functools.partial(decode.batch_decode_with_padded_kv_cache, qb, kb, vb, kv_layout="HND", kv_lens=lens,
+                              return_lse=True),
+            f"paged run (stubbed GPU, B {batch}, page {page}, {rows} rows each)":
+            functools.partial(dec.run, qb, kp, vp)}
 
 
 # a chunked-prefill step as serving calls it: 4 packed sequences, Kimi Linear's gate, the state pool
