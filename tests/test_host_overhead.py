@@ -1,21 +1,23 @@
-"""Host cost of a `fused_recurrent_kda` call and of a small `chunk_kda` call (a chunked-prefill
-step), measured on a machine without a GPU.
+"""Host cost of the ops' calls (`fused_recurrent_kda`, a small `chunk_kda` call (a chunked-prefill
+step), the flash decodes and a paged run), measured on a machine without a GPU.
 
 The GPU is stubbed where it must be and nowhere else:
 - `as_device_array` rejects CPU tensors, so the timed copy is the module's own source with
   `.is_cuda` read as `.is_cpu` (a getter of the same cost) and run on CPU torch tensors;
 - `cuLaunchKernelEx` is libc's `strnlen`, called as the runtime calls the driver (no prototype,
   the same ctypes objects); with the kernel handle 0 as its length it returns 0 = success;
-- the compiled kernel, the device check, torch's current-stream lookup and the driver's tensor-map
-  encoder are stand-ins.
+- the compiled kernel, the device check, torch's current-stream lookup, the driver's tensor-map
+  encoder (a map holds its address) and the workspace's memset and the paged plan's copy to the
+  device (both on the CPU memory) are stand-ins.
 
-`python tests/test_host_overhead.py` prints µs per piece; the tests check that the stubbed call
-packs exactly the parameters the kernel expects (so the numbers time the real path).
+`python tests/test_host_overhead.py` prints µs per piece; the tests check that each stubbed call
+hands the driver exactly the parameters the kernel expects (so the numbers time the real path).
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import inspect
 import struct
 import sys
@@ -31,7 +33,7 @@ if __name__ == "__main__":   # run as a script: this checkout's pykda and tests/
 
 torch = pytest.importorskip("torch") if __name__ != "__main__" else __import__("torch")
 
-from pykda.ops import kda, kda_decode  # noqa: E402
+from pykda.ops import decode, kda, kda_decode, paged_decode  # noqa: E402
 from pykda.ops.kda_variant import SAFE_GATE_FLAGS  # noqa: E402
 from pykda.runtime import arrays, device, launch, tensormap  # noqa: E402
 
@@ -75,11 +77,18 @@ class _Launches:
         return self.entries
 
 
+def tensor_map(ptr: int) -> bytes:
+    """The stubbed encoder's tensor map of the address `ptr` (any geometry)."""
+    return ptr.to_bytes(8, "little") * 16
+
+
 @contextlib.contextmanager
-def stubbed_gpu(twin: types.ModuleType, launcher_type=launch.Launcher):
-    """fused_recurrent_kda runs on CPU tensors up to (and through) the ctypes launch call."""
+def stubbed_gpu(twin: types.ModuleType):
+    """The ops run on CPU tensors up to (and through) the ctypes launch call. Yields the stubbed
+    kernels by name (`kernels`) and the workspace memsets as (pointer, value, bytes, stream)."""
     from pykda import runtime
-    saved = []
+    workspace = sys.modules["pykda.runtime.workspace"]
+    saved, memsets = [], []
 
     def patch(obj, name, value):
         saved.append((obj, name, getattr(obj, name, None), hasattr(obj, name)))
@@ -97,18 +106,25 @@ def stubbed_gpu(twin: types.ModuleType, launcher_type=launch.Launcher):
     patch(launch, "_driver", _Launches().driver)
     patch(device, "gpu_available", lambda: True)
     patch(runtime, "device_info", lambda i: info)
+    def memset(ptr, value, nbytes, stream):
+        memsets.append((ptr, value, nbytes, stream))
+        ctypes.memset(ptr, value, nbytes)
+
     patch(runtime, "get_kernel", get_kernel)
-    patch(launch, "Launcher", launcher_type)   # what Kernel.launcher_for makes
     patch(torch._C, "_cuda_getCurrentRawStream", lambda dev: 0)
-    patch(tensormap, "_encode", lambda *geometry: bytes(128))
-    for op in (kda_decode, kda):
+    patch(tensormap, "_encode", lambda dtype, ptr, *geometry: tensor_map(ptr))
+    patch(workspace, "_memset", memset)
+    patch(twin, "copy_from_host", lambda ptr, host, dev, stream: ctypes.memmove(ptr, host.ctypes.data, host.nbytes))
+    patch(paged_decode, "device_arrays", twin)   # plan()'s page ids and tables
+    ops = (kda_decode, kda, decode, paged_decode)
+    for op in ops:
         patch(op, "CallArrays", twin.CallArrays)
         op.PREPARED.clear()   # prepared calls hold the stubbed kernels: none before, none left after
     try:
-        yield kernels
+        yield types.SimpleNamespace(kernels=kernels, memsets=memsets)
     finally:
-        kda_decode.PREPARED.clear()
-        kda.PREPARED.clear()
+        for op in ops:
+            op.PREPARED.clear()
         for obj, name, value, existed in reversed(saved):
             if existed:
                 setattr(obj, name, value)
@@ -126,7 +142,8 @@ def _per_call_us(fn, number=2000, repeat=7) -> float:
 
 
 def measure() -> dict[str, float]:
-    """µs per piece of one fused_recurrent_kda call (B 1, H 32, D 128, fp32 pool)."""
+    """µs per piece of one fused_recurrent_kda call (B 1, H 32, D 128, fp32 pool), then µs per call
+    of a chunk_kda prefill step and of the decode calls."""
     twin = cpu_twin_of_arrays()
     x, pool, idx = cpu_inputs()
     out = torch.empty(B, 1, H, D, dtype=torch.bfloat16)
@@ -184,7 +201,31 @@ def measure() -> dict[str, float]:
         res[f"chunk_kda (stubbed GPU, {PREFILL_LABEL})"] = _per_call_us(
             lambda: kda.chunk_kda(**px, **PREFILL_FLAGS, cu_seqlens=pcu, initial_state=ppool, state_indices=pidx),
             number=500)
+        for label, call in decode_calls().items():
+            res[label] = _per_call_us(call)
     return res
+
+
+def decode_calls() -> dict:
+    """The README's decode calls by label (torch's lazily mapped empty caches), within stubbed_gpu:
+    a single sequence, a padded batch with kv_lens and the LSE, a paged run (planned here)."""
+    bf, hq, hkv = torch.bfloat16, 32, 8
+    q, k, v = torch.randn(hq, D).to(bf), torch.empty(32768, hkv, D, dtype=bf), torch.empty(32768, hkv, D, dtype=bf)
+    batch, S = 64, 4096
+    qb, kb, vb = torch.randn(batch, hq, D).to(bf), *(torch.empty(batch, hkv, S, D, dtype=bf) for _ in "kv")
+    lens = torch.randint(1, S + 1, (batch,), generator=torch.Generator().manual_seed(4), dtype=torch.int32)
+    page, rows = 16, 1024
+    kp, vp = (torch.empty(batch * rows // page, page, hkv, D, dtype=bf) for _ in "kv")
+    dec = paged_decode.BatchDecodeWithPagedKVCache("NHD")
+    dec.plan(np.arange(0, batch * rows // page + 1, rows // page, dtype=np.int32),
+             torch.arange(batch * rows // page, dtype=torch.int32), np.full(batch, page, np.int32), hq, hkv, D, page)
+    return {f"single_decode (stubbed GPU, H {hq}/{hkv}, kv_len 32768)":
+            functools.partial(decode.single_decode_with_kv_cache, q, k, v),
+            f"batch_decode (stubbed GPU, B {batch}, HND S {S}, kv_lens, lse)":
+            functools.partial(decode.batch_decode_with_padded_kv_cache, qb, kb, vb, kv_layout="HND", kv_lens=lens,
+                              return_lse=True),
+            f"paged run (stubbed GPU, B {batch}, page {page}, {rows} rows each)":
+            functools.partial(dec.run, qb, kp, vp)}
 
 
 # a chunked-prefill step as serving calls it: 4 packed sequences, Kimi Linear's gate, the state pool
@@ -217,62 +258,15 @@ def test_cpu_twin_views_torch_tensors_like_the_real_path():
         arrays.as_device_array(t, "q")
 
 
-class _SpyLauncher(launch.Launcher):
-    calls: list = []   # the argument tuples of every launch
-
-    def __call__(self, config, args, stream):
-        _SpyLauncher.calls.append(args)
-        super().__call__(config, args, stream)
-
-
-def test_stubbed_call_packs_the_kernel_parameters():
-    """The parameter buffer handed to cuLaunchKernelEx holds every argument at its offset, and
-    its config the kernel's geometry."""
-    twin = cpu_twin_of_arrays()
-    x, pool, idx = cpu_inputs()
-    seen = []
-    _SpyLauncher.calls = []
-    with stubbed_gpu(twin, _SpyLauncher):
-        entries = launch._driver()
-
-        def spy(config_ref, handle, params, extra):
-            config = config_ref._obj
-            geometry = tuple(getattr(config, f) for f, _ in launch.LaunchConfig._fields_)
-            seen.append(((handle.value or 0,) + geometry, [params[i] for i in range(len(params))]))
-            return entries[0](config_ref, handle, params, extra)
-        launch._driver = lambda: (spy,) + entries[1:]
-        out = torch.empty(B, 1, H, D, dtype=torch.bfloat16)
-        for _ in range(2):   # the second call reuses the parameter buffer
-            o, final = kda_decode.fused_recurrent_kda(**x, **FLAGS, initial_state=pool, state_indices=idx, out=out,
-                                                      scale=0.5)
-            assert o is out and final is None
-        assert len(seen) == 2 and len(_SpyLauncher.calls) == 2
-        args = _SpyLauncher.calls[-1]
-        assert launch.signature(args) == kda_decode.KERNEL_SIGNATURE
-        geometry, pointers = seen[-1]
-        assert geometry[0] == 0 and geometry[8] in (0, None)   # the kernel handle, the stream
-        assert geometry[4:7] == ((kda_decode.WARPS + 1) * 32, 1, 1) and geometry[2:4] == (1, 1)
-        layout, offsets = launch.param_layout(args)
-        base = pointers[0] - offsets[0]
-        assert [p - base for p in pointers] == list(offsets)
-        packed = layout.unpack(ctypes.string_at(base, layout.size))
-        assert len(packed) == len(args)
-        for got, want in zip(packed, args):
-            assert got == (want if type(want) is not np.float32 else float(want))
-        ptrs = [a for a in args if type(a) is int]
-        for t in (x["q"], x["k"], x["v"], x["g"], x["beta"], x["A_log"], x["dt_bias"], pool, idx, out):
-            assert t.data_ptr() in ptrs
-        assert np.float32(0.5) in args
-
-
-def _driver_reads(sigs: dict) -> tuple[list, object]:
-    """A spy for cuLaunchKernelEx that records, per launch, the kernel parameters the driver would
-    read through kernelParams (each decoded by the signature of its count in `sigs`), then calls
-    the stub; and the list it records into."""
-    seen, entry = [], launch._driver()[0]
+def _driver_reads(*sigs) -> list:
+    """Within stubbed_gpu: a spy in place of cuLaunchKernelEx that records, per launch, the kernel
+    parameters the driver would read through kernelParams (each decoded by the one of `sigs` of
+    their count) and its config's (grid, block, smem, stream), then calls the stub; the list it
+    records into."""
+    by_count, entries, seen = {len(sig): sig for sig in sigs}, launch._driver(), []
 
     def spy(config_ref, handle, params, extra):
-        sig = sigs[len(params)] if len(params) in sigs else pytest.fail(f"a launch of {len(params)} parameters")
+        sig = by_count.get(len(params)) or pytest.fail(f"a launch of {len(params)} parameters")
         args = []
         for i, t in enumerate(sig):
             if type(t) is int:   # a struct of t bytes
@@ -280,22 +274,157 @@ def _driver_reads(sigs: dict) -> tuple[list, object]:
             else:
                 code, size = launch._SCALARS[t]
                 args.append(struct.unpack("<" + code, ctypes.string_at(params[i], size))[0])
-        seen.append((sig, args))
-        return entry(config_ref, handle, params, extra)
-    return seen, spy
+        c = config_ref._obj
+        seen.append((sig, args, ((c.grid_x, c.grid_y, c.grid_z), (c.block_x, c.block_y, c.block_z), c.smem,
+                                 c.stream or 0)))
+        return entries[0](config_ref, handle, params, extra)
+    launch._driver = lambda: (spy,) + entries[1:]
+    return seen
+
+
+def test_stubbed_fused_recurrent_kda_reads_the_call_values():
+    """fused_recurrent_kda on the real launch path, twice with other arrays of the same layout (the
+    second from the prepared call): the driver reads each call's pointers, its new out among them,
+    beside the prepared constants (the strides' Layout, the pool's rows and row stride, the sizes,
+    the gate's bound, the scale), in the plan's geometry."""
+    twin = cpu_twin_of_arrays()
+    calls = []
+    with stubbed_gpu(twin):
+        seen = _driver_reads(kda_decode.KERNEL_SIGNATURE)
+        for _ in range(2):
+            x, pool, idx = cpu_inputs()
+            o, final = kda_decode.fused_recurrent_kda(**x, **FLAGS, initial_state=pool, state_indices=idx, scale=0.5,
+                                                      output_final_state=True)
+            assert final is pool and tuple(o.shape) == (B, 1, H, D)
+            calls.append((x, pool, idx, o))
+        assert len(kda_decode.PREPARED.results) == 1
+        plan = kda_decode.PREPARED.last[1].plan
+    assert calls[0][0]["q"].data_ptr() != calls[1][0]["q"].data_ptr()
+    assert len(seen) == 2
+    for (_, params, geometry), (x, pool, idx, o) in zip(seen, calls):
+        assert geometry == ((plan.grid, 1, 1), ((kda_decode.WARPS + 1) * 32, 1, 1), plan.smem, 0)
+        assert params[:5] == [x[n].data_ptr() for n in ("q", "k", "g", "v", "beta")]
+        strides = [s for n in ("q", "k", "g", "v") for s in x[n].stride()[:3]] + [*x["beta"].stride(), *o.stride()[:3]]
+        assert params[5] == np.asarray(strides, np.int64).tobytes()   # the Layout struct
+        assert params[6:12] == [x["A_log"].data_ptr(), x["dt_bias"].data_ptr(), pool.data_ptr(), 2 * B,
+                                pool.stride(0), idx.data_ptr()]
+        assert params[12:] == [0, 0, 0, 0, 1, H, plan.n_tiles, o.data_ptr(), -5.0, 0.5]
+
+
+def _workspace(call: decode.DecodeCall, memsets: list) -> list:
+    """What a decode launch reads as ws_o, ws_lse and counters: 0s without a split; else the
+    workspace of the next of `memsets` (its tickets zeroed on the call's stream), its partial
+    outputs and LSE after the tickets."""
+    if not call.workspace_bytes:
+        return [0, 0, 0]
+    ptr, value, nbytes, stream = memsets.pop(0)
+    assert (value, nbytes, stream) == (0, call.ticket_bytes, 0) and ptr != 0
+    return [ptr + call.o_offset, ptr + call.lse_offset, ptr]
+
+
+def test_stubbed_single_decode_reads_the_call_values():
+    """single_decode_with_kv_cache (a split plan, with the LSE) twice with other arrays: the driver
+    reads each call's q, the tensor maps of its K and V, its new out and LSE, its workspace and its
+    K and V beside the prepared strides and row parameters, in the plan's grid."""
+    twin = cpu_twin_of_arrays()
+    hq, hkv, S, bf = 8, 2, 4096, torch.bfloat16
+    calls = []
+    with stubbed_gpu(twin) as gpu:
+        seen = _driver_reads(decode.KERNEL_SIGNATURE)
+        for _ in range(2):
+            q, k, v = torch.randn(hq, D).to(bf), torch.empty(S, hkv, D, dtype=bf), torch.empty(S, hkv, D, dtype=bf)
+            o, lse = decode.single_decode_with_kv_cache(q, k, v, return_lse=True)
+            calls.append((q, k, v, o, lse))
+        assert len(decode.PREPARED.results) == 1
+        call = decode.PREPARED.last[1]
+    assert call.plan.split and len(seen) == 2 == len(gpu.memsets)
+    for (_, params, geometry), (q, k, v, o, lse) in zip(seen, calls):
+        assert geometry == ((call.plan.n_chunks, hkv, 1), ((decode.WARPS + 1) * 32, 1, 1), call.plan.smem, 0)
+        assert params[:6] == [q.data_ptr(), 0, D, tensor_map(k.data_ptr()), tensor_map(v.data_ptr()), 0]
+        assert params[6:11] == [S, hq // hkv, hq // hkv, 1, float(np.float32(D ** -0.5))]
+        assert params[11:15] == _workspace(call, gpu.memsets) + [o.data_ptr()]
+        assert params[15:] == [0, D, lse.data_ptr(), 0, 0, k.data_ptr(), v.data_ptr(), 0, 0, 0, 0]
+
+
+def test_stubbed_padded_batch_decode_reads_the_call_values():
+    """batch_decode_with_padded_kv_cache (HND, kv_lens, a strided out, two head blocks, unsplit) twice
+    with other arrays: the driver reads each call's q, maps, kv_lens, out and K and V beside the
+    prepared strides and row parameters; no workspace."""
+    twin = cpu_twin_of_arrays()
+    batch, hq, hkv, S, bf = 3, 32, 1, 200, torch.bfloat16
+    calls = []
+    with stubbed_gpu(twin) as gpu:
+        seen = _driver_reads(decode.KERNEL_SIGNATURE)
+        for _ in range(2):
+            q, out = torch.randn(batch, hq, D).to(bf), torch.empty(batch, hq, 2 * D, dtype=bf)[..., :D]   # rows apart
+            k, v = (torch.empty(batch, hkv, S, D, dtype=bf) for _ in "kv")
+            lens = torch.tensor([S, 0, 7], dtype=torch.int32)
+            o = decode.batch_decode_with_padded_kv_cache(q, k, v, kv_layout="HND", kv_lens=lens, out=out,
+                                                         chunk_size=256)
+            assert o is out
+            calls.append((q, k, v, lens, out))
+        assert len(decode.PREPARED.results) == 1
+        call = decode.PREPARED.last[1]
+    assert not call.plan.split and gpu.memsets == [] and len(seen) == 2
+    for (_, params, geometry), (q, k, v, lens, out) in zip(seen, calls):
+        assert geometry == ((1, hkv, batch * 2), ((decode.WARPS + 1) * 32, 1, 1), call.plan.smem, 0)
+        assert params[:6] == [q.data_ptr(), hq * D, D, tensor_map(k.data_ptr()), tensor_map(v.data_ptr()),
+                              lens.data_ptr()]
+        assert params[6:11] == [S, hq, 16, 2, float(np.float32(D ** -0.5))]
+        assert params[11:] == [0, 0, 0, out.data_ptr(), *out.stride()[:2], 0, 0, 0, k.data_ptr(), v.data_ptr(), 0, 0,
+                               0, 0]
+
+
+@pytest.mark.parametrize("page_size", [8, 16])   # pages gathered (no tensor maps), pages read by TMA
+def test_stubbed_paged_run_reads_the_call_values(page_size):
+    """BatchDecodeWithPagedKVCache: plan() copies the rows and first page entries to its tables;
+    two run()s (split) with other queries and caches: the driver reads each run's q, the maps of its
+    caches (zeros where pages are gathered), the tables (rows, then first entries), the page ids,
+    the new out and LSE, the workspace and the caches beside the prepared strides and the pages'
+    count and strides."""
+    twin = cpu_twin_of_arrays()
+    hq, hkv, lens, bf = 8, 2, (300, 0, 37), torch.bfloat16
+    pages = [-(-n // page_size) for n in lens]
+    num_pages = sum(pages) + 2
+    indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+    last = np.array([n - (p - 1) * page_size if p else 0 for n, p in zip(lens, pages)], np.int32)
+    indices = torch.randperm(num_pages, generator=torch.Generator().manual_seed(3))[:sum(pages)].to(torch.int32)
+    calls = []
+    with stubbed_gpu(twin) as gpu:
+        seen = _driver_reads(decode.KERNEL_SIGNATURE)
+        dec = paged_decode.BatchDecodeWithPagedKVCache("NHD")
+        dec.plan(indptr, indices, last, hq, hkv, D, page_size, chunk_size=64)   # split: 4 chunks
+        assert dec._tables.tolist() == [*lens, *indptr[:-1]]
+        for _ in range(2):
+            q = torch.randn(len(lens), hq, D).to(bf)
+            k, v = (torch.empty(num_pages, page_size, hkv, D, dtype=bf) for _ in "kv")
+            o, lse = dec.run(q, k, v, return_lse=True)
+            calls.append((q, k, v, o, lse))
+        assert len(paged_decode.PREPARED.results) == 1
+        call = paged_decode.PREPARED.last[1]
+    tables = dec._tables.data_ptr()
+    assert call.plan.n_chunks == 4 and len(seen) == 2
+    for (_, params, geometry), (q, k, v, o, lse) in zip(seen, calls):
+        assert geometry == ((call.plan.n_chunks, hkv, len(lens)), ((decode.WARPS + 1) * 32, 1, 1), call.plan.smem, 0)
+        maps = [tensor_map(k.data_ptr()), tensor_map(v.data_ptr())] if page_size >= 16 else [bytes(128)] * 2
+        assert params[:6] == [q.data_ptr(), hq * D, D, *maps, tables]
+        assert params[6:11] == [paged_decode.MAX_ROWS, hq // hkv, hq // hkv, 1, float(np.float32(D ** -0.5))]
+        assert params[11:15] == _workspace(call, gpu.memsets) + [o.data_ptr()]
+        assert params[15:22] == [hq * D, D, lse.data_ptr(), tables + 4 * len(lens), indices.data_ptr(), k.data_ptr(),
+                                 v.data_ptr()]
+        assert params[22:] == [num_pages, *k.stride()[:3]]
+    assert gpu.memsets == []   # one per split launch, each checked
 
 
 def test_stubbed_chunk_kda_runs_every_launch():
     """The stubbed prefill call goes through validation, the plan and every launch, twice (the
     second from the prepared call); each launch's parameters, where the driver reads them, hold
-    the call's pointers (the tensors, the new output, the workspace) beside the prepared constants."""
+    the call's pointers (the tensors, v's tensor map, the new output, the workspace) beside the
+    prepared constants."""
     twin = cpu_twin_of_arrays()
     x, cu, pool, idx = prefill_inputs()
-    with stubbed_gpu(twin) as kernels:
-        seen, spy = _driver_reads({len(kda.PREPARE_SIGNATURE): kda.PREPARE_SIGNATURE,
-                                   len(kda.RECURRENCE_SIGNATURE): kda.RECURRENCE_SIGNATURE})
-        entries = launch._driver()
-        launch._driver = lambda: (spy,) + entries[1:]
+    with stubbed_gpu(twin) as gpu:
+        seen = _driver_reads(kda.PREPARE_SIGNATURE, kda.RECURRENCE_SIGNATURE)
         outs = []
         for _ in range(2):
             o, final = kda.chunk_kda(**x, **PREFILL_FLAGS, cu_seqlens=cu, initial_state=pool, state_indices=idx,
@@ -303,15 +432,15 @@ def test_stubbed_chunk_kda_runs_every_launch():
             assert tuple(o.shape) == tuple(x["v"].shape) and final is pool
             outs.append(o)
         assert len(kda.PREPARED.results) == 1
-    assert set(kernels) == {"kda_prepare", "kda_recurrence"}   # too short for segments
-    assert [sig for sig, _ in seen] == [kda.PREPARE_SIGNATURE, kda.RECURRENCE_SIGNATURE] * 2
+    assert set(gpu.kernels) == {"kda_prepare", "kda_recurrence"}   # too short for segments
+    assert [sig for sig, *_ in seen] == [kda.PREPARE_SIGNATURE, kda.RECURRENCE_SIGNATURE] * 2
     T = x["q"].shape[1]
-    for (_, prep), (_, rec), o in zip(seen[0::2], seen[1::2], outs):
+    for (_, prep, _), (_, rec, _), o in zip(seen[0::2], seen[1::2], outs):
         for i, n in enumerate(("q", "k", "g", "beta")):   # each one's pointer and 3 strides
             assert prep[4 * i:4 * i + 4] == [x[n].data_ptr(), *x[n].stride()[:3]]
         assert prep[16:20] == [x["A_log"].data_ptr(), x["dt_bias"].data_ptr(), cu.data_ptr(), 0]
         assert prep[20:22] == [len(PREFILL_LENGTHS), T] and prep[-1] == rec[1] != 0   # the records
-        assert rec[0] == bytes(128) and rec[2] == cu.data_ptr() and rec[6] == o.data_ptr()
+        assert rec[0] == tensor_map(x["v"].data_ptr()) and rec[2] == cu.data_ptr() and rec[6] == o.data_ptr()
         assert rec[10] == rec[11] == pool.data_ptr() and rec[13] == idx.data_ptr()   # the pool, in place
 
 
@@ -331,18 +460,15 @@ def test_stubbed_rank_slice_launches_around_its_start(monkeypatch):
         made.append((total, torch.zeros(B, H, D, D)))
         return made[-1][1]
     with stubbed_gpu(twin):
-        seen, spy = _driver_reads({len(sig): sig for sig in (kda.PREPARE_SIGNATURE, kda.RECURRENCE_SIGNATURE,
-                                                             kda.SCAN_SIGNATURE)})
-        entries = launch._driver()
-        launch._driver = lambda: (spy,) + entries[1:]
+        seen = _driver_reads(kda.PREPARE_SIGNATURE, kda.RECURRENCE_SIGNATURE, kda.SCAN_SIGNATURE)
         for _ in range(2):
             o, fs = kda.chunk_kda_slice(*(x[n] for n in ("q", "k", "v", "g", "beta")), start_of, A_log=torch.randn(H),
                                         dt_bias=torch.randn(H * D), **SAFE_GATE_FLAGS._asdict(),
                                         output_final_state=True, segment_chunks=5, warps=4)
     sigs = [kda.PREPARE_SIGNATURE, kda.RECURRENCE_SIGNATURE, kda.SCAN_SIGNATURE, kda.SCAN_SIGNATURE,
             kda.RECURRENCE_SIGNATURE]
-    assert [sig for sig, _ in seen] == sigs * 2
-    (_, prep), (_, pass1), (_, total_scan), (_, start_scan), (_, pass2) = seen[5:]
+    assert [sig for sig, *_ in seen] == sigs * 2
+    (_, prep, _), (_, pass1, _), (_, total_scan, _), (_, start_scan, _), (_, pass2, _) = seen[5:]
     total, start = made[-1]
     assert total_scan[-1] == total.data_ptr() and start_scan[-1] == start.data_ptr()
     assert total_scan[:-1] == start_scan[:-1] and total_scan[0] != 0   # the maps, after the records

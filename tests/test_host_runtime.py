@@ -13,7 +13,7 @@ from pykda.ops.kda_variant import SAFE_GATE_FLAGS
 from pykda.runtime import arrays, launch
 from pykda.runtime.arrays import DeviceArray
 
-from fakes import BASE, device_array as arr
+from fakes import BASE, FakeKernel, device_array as arr
 
 
 # ---- the memo of validated calls: the key sees everything a check may look at ----
@@ -132,7 +132,8 @@ def _prepared_decode(monkeypatch):
     """PREPARED.get of a decode call's arrays and settings, with the kernel stubbed."""
     monkeypatch.setattr(kda_decode.runtime, "require_gpu", lambda: None)
     plan = kda_decode.KdaDecodePlan(rpt=8, stages=3, n_tiles=16, grid=16, smem=1024)
-    monkeypatch.setattr(kda_decode, "_kernel_for", lambda p, dev, rpt, stages: (plan, None, None))
+    monkeypatch.setattr(kda_decode, "plan_for", lambda p, dev, rpt, stages: (plan, None))
+    monkeypatch.setattr(kda_decode.runtime, "get_kernel", lambda spec, dev, name: FakeKernel(name, spec, []))
     monkeypatch.setattr(kda_decode, "PREPARED", checks.Memo(kda_decode.PREPARED.make))   # its fakes stay here
 
     def prepared(arrays, settings):

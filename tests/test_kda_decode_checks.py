@@ -3,11 +3,12 @@ import numpy as np
 import pytest
 
 import pykda
+from pykda import runtime
 from pykda.ops import kda_decode
 from pykda.ops.kda_decode import (KdaDecodeProblem, check_state_indices, min_ctas, plan_kda_decode, stage_bytes,
                                   sums_bytes, tile_rows, validate_kda_decode)
 from pykda.ops.kda_variant import SAFE_GATE_FLAGS, KdaFlags, KdaVariant
-from fakes import BASE, device_array as arr
+from fakes import BASE, FakeKernel, device_array as arr
 
 SOFTPLUS_FLAGS = KdaFlags(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True)
 VLLM_FLAGS = KdaFlags(use_qk_l2norm_in_kernel=True)   # vLLM's decode: g precomputed (fp32), beta probabilities
@@ -143,7 +144,7 @@ def no_launch(monkeypatch):
     def launched(*a, **k):
         raise AssertionError("validation let the call through to the kernel")
     monkeypatch.setattr(kda_decode.runtime, "require_gpu", launched)
-    monkeypatch.setattr(kda_decode, "_kernel_for", launched)
+    monkeypatch.setattr(kda_decode, "plan_for", launched)
     monkeypatch.setattr(kda_decode, "PREPARED", kda_decode.Memo(kda_decode.PREPARED.make))
 
 
@@ -170,14 +171,22 @@ def test_fused_recurrent_kda_refuses_before_any_launch(no_launch, kw, exc, messa
 
 @pytest.fixture
 def fake_launch(monkeypatch):
-    """fused_recurrent_kda past validation with the kernel stubbed: each launch's problem,
-    arguments and stream are recorded."""
-    launches = []
+    """fused_recurrent_kda past validation with the kernel stubbed (a FakeKernel whose spec is the
+    problem): each launch's problem, arguments (the call's pointers in place) and stream are
+    recorded."""
+    launches, log = [], []
     plan = kda_decode.KdaDecodePlan(rpt=8, stages=3, n_tiles=16, grid=16, smem=1024)
     monkeypatch.setattr(kda_decode.runtime, "require_gpu", lambda: None)
-    monkeypatch.setattr(kda_decode, "_kernel_for", lambda p, dev, rpt, stages: (
-        plan, lambda config, launch_args, stream: launches.append((p, launch_args, stream)), None))
+    monkeypatch.setattr(kda_decode, "plan_for", lambda p, dev, rpt, stages: (plan, p))
+    monkeypatch.setattr(kda_decode.runtime, "get_kernel", lambda p, dev, name: FakeKernel(name, p, log))
     monkeypatch.setattr(kda_decode, "PREPARED", kda_decode.Memo(kda_decode.PREPARED.make))
+    launch = runtime.CallValues.launch
+
+    def launch_recorded(values, ptrs, bound, stream):
+        launch(values, ptrs, bound, stream)
+        launches.extend((p, launch_args, stream) for *_, launch_args, p in log)
+        log.clear()
+    monkeypatch.setattr(runtime.CallValues, "launch", launch_recorded)
     return launches
 
 

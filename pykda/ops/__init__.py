@@ -1,2 +1,4 @@
-"""The public ops: each validates its arrays, plans a specialization, asks the runtime for the
-compiled kernel, builds tensor maps and workspace, and launches."""
+"""The public ops: each validates its arrays, plans a specialization and binds the compiled
+kernels to their constant arguments once per argument key (a prepared call, `bound.bound_launch`);
+a call then builds only its pointers, tensor maps and workspace and launches them
+(`runtime.CallValues.launch`)."""

@@ -2,8 +2,9 @@
 `batch_decode_with_padded_kv_cache` over sequences padded to one length. One code path
 (`flash_decode`): a single sequence is a batch of one.
 
-validate -> plan (chunk size, pipeline, grid) -> spec -> kernel (`prepare_decode`, memoized on the
-arguments' metadata and the settings) -> tensor maps + workspace -> launch. A split call takes its
+validate -> plan (chunk size, pipeline, grid) -> spec -> kernel bound to its constants
+(`prepare_decode`, memoized on the arguments' metadata and the settings) -> tensor maps + workspace
+-> launch with the call's pointers and maps. A split call takes its
 workspace (ticket counters, then the chunks' partial outputs) from the framework of q, one
 allocation per call, the counters zeroed on the stream before the launch; so a call can be
 captured in a CUDA graph on any stream, and graphs sharing a memory pool replay in any order.
@@ -18,6 +19,7 @@ import numpy as np
 
 from .. import runtime
 from ..runtime.arrays import CallArrays, DeviceArray, contiguous_strides
+from .bound import bound_launch
 from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim,
                      check_same_device, check_shape, check_stages, Memo, resolve_scale)
 
@@ -219,20 +221,24 @@ def validate_decode(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceA
 KERNEL_SIGNATURE = (int, np.int64, np.int64, 128, 128, int, np.int32, np.int32, np.int32, np.int32, np.float32,
                     int, int, int, int, np.int64, np.int64, int, int, int, int, int, np.int32, np.int64, np.int64,
                     np.int64)
+# what a call gives its launch anew (runtime.CallValues), in this order (the kernel's names); all else
+# is the prepared call's
+CALL_VALUES = ("q", "k_map", "v_map", "kv_lens", "ws_o", "ws_lse", "counters", "out", "lse", "kv_indptr",
+               "kv_indices", "k_cache", "v_cache")
+CALL_SIGNATURE = (int, 128, 128) + (int,) * 10
+PER_CALL = {name: runtime.PerCall(i) for i, name in enumerate(CALL_VALUES)}
 
 
-def kernel_for(p: DecodeProblem, device: int, chunk_size: int | None, stages: int | None, page_size: int = 0):
-    """The plan, the launcher of the decode kernel for `p` (paged with `page_size` > 0) on
-    `device` (compiled on first use) and its launch configuration (the stream is set per launch)."""
+def plan_for(p: DecodeProblem, device: int, chunk_size: int | None, stages: int | None, page_size: int = 0
+             ) -> tuple[DecodePlan, runtime.KernelSpec]:
+    """The plan of `p` on `device` (its shared memory within the device's) and the spec of its
+    kernel (paged with `page_size` > 0)."""
     dev = runtime.device_info(device)
     plan = plan_decode(p, dev.sm_count, dev.smem_per_sm, chunk_size, stages)
     if plan.smem > dev.smem_per_block_optin:
         raise ValueError(f"stages={plan.stages} needs {plan.smem} bytes of shared memory per block; "
                          f"the device allows {dev.smem_per_block_optin}")
-    spec = decode_spec(p, plan, dev.arch, page_size)
-    launcher = runtime.get_kernel(spec, device, "decode_partial").launcher_for(KERNEL_SIGNATURE)
-    grid = (plan.n_chunks, p.kv_heads, p.batch * plan.head_blocks)
-    return plan, launcher, launcher.config(grid, ((WARPS + 1) * 32, 1, 1), plan.smem)
+    return plan, decode_spec(p, plan, dev.arch, page_size)
 
 
 def kv_tensor_maps(a: DeviceArray, name: str, batched: bool, kv_layout: str, block_n: int) -> runtime.TiledMaps:
@@ -258,22 +264,19 @@ NO_PAGES = (np.int32(0), np.int64(0), np.int64(0), np.int64(0))   # a padded cac
 
 
 class DecodeCall(NamedTuple):
-    """What a launch needs besides the pointers, the outputs, the workspace and the stream."""
+    """A prepared call: what its launch needs besides the pointers, the outputs, the workspace,
+    the tensor maps of the call's K and V and the stream."""
     problem: DecodeProblem
     plan: DecodePlan
-    launcher: runtime.Launcher
-    config: runtime.LaunchConfig
-    k_maps: runtime.TiledMaps
+    values: runtime.CallValues  # the buffer of CALL_VALUES the launch reads
+    launches: tuple             # the kernel, bound to its constants
+    k_maps: runtime.TiledMaps   # (or a paged cache's gather: any address's map is zeros)
     v_maps: runtime.TiledMaps
     rows: tuple                 # query rows of out and lse: (batch, heads) or (heads,)
-    q_strides: tuple            # batch and head strides of q
-    out_strides: tuple          # ... and of out (given or new)
-    params: tuple               # kv_len, group, heads per CTA, head blocks, scale
     workspace_bytes: int        # 0 without a split; else the ticket counters (zeroed per call), ...
     ticket_bytes: int           # ... one per head group, then
     o_offset: int               # the partial outputs (fp32) from this byte, then
     lse_offset: int             # the partial lse from this byte
-    pages: tuple = NO_PAGES     # a paged cache: its page count and (page, row, head) strides
 
 
 def workspace_layout(p: DecodeProblem, plan: DecodePlan) -> tuple[int, int, int, int]:
@@ -292,23 +295,39 @@ def row_params(p: DecodeProblem, plan: DecodePlan, scale: float, max_rows: int) 
     return i32(max_rows), i32(p.group), i32(plan.heads_per_cta), i32(plan.head_blocks), np.float32(scale)
 
 
+def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q: DeviceArray, out: DeviceArray | None,
+                batched: bool, k_maps, v_maps, scale: float, max_rows: int, pages: tuple = NO_PAGES) -> DecodeCall:
+    """The prepared call of `plan`: the kernel of `spec` (compiled on first use) bound to its
+    constants: q's and out's row strides (out given, or new and contiguous), the row
+    parameters (`row_params`) and a paged cache's page count and strides (`pages`). `k_maps`,
+    `v_maps`: the tensor maps of K and V by address (TiledMaps)."""
+    rows = (p.batch, p.q_heads) if batched else (p.q_heads,)
+    out_strides = out.strides if out is not None else contiguous_strides(rows + (p.head_dim,))
+    at = PER_CALL   # at["q"]: the argument the launch reads from the call's value "q"
+    args = (at["q"], *row_strides(q.strides, batched), at["k_map"], at["v_map"], at["kv_lens"],
+            *row_params(p, plan, scale, max_rows), at["ws_o"], at["ws_lse"], at["counters"], at["out"],
+            *row_strides(out_strides, batched), at["lse"], at["kv_indptr"], at["kv_indices"], at["k_cache"],
+            at["v_cache"], *pages)
+    values = runtime.CallValues(CALL_SIGNATURE)
+    launch = bound_launch(spec, q.device, values, "decode_partial", KERNEL_SIGNATURE, args,
+                          (plan.n_chunks, p.kv_heads, p.batch * plan.head_blocks), (WARPS + 1) * 32, plan.smem)
+    return DecodeCall(p, plan, values, (launch,), k_maps, v_maps, rows, *workspace_layout(p, plan))
+
+
 def prepare_decode(q, k, v, out, kv_lens, batched, kv_layout, scale, chunk_size, stages) -> DecodeCall:
     """Validate a call and make everything its launch needs but the pointers, the outputs, the
-    workspace and the stream. The output, when `out` is None, is new and contiguous."""
+    workspace, the tensor maps of the call's K and V and the stream. The output, when `out` is
+    None, is new and contiguous."""
     p = validate_decode(q, k, v, out, kv_lens, batched=batched, kv_layout=kv_layout)
     scale = resolve_scale(scale, p.head_dim)
     check_stages(stages)
     runtime.require_gpu()
-    plan, launcher, config = kernel_for(p, q.device, chunk_size, stages)
+    plan, spec = plan_for(p, q.device, chunk_size, stages)
     k_maps = kv_tensor_maps(k, "k", batched, kv_layout, plan.block_n)
     v_maps = kv_tensor_maps(v, "v", batched, kv_layout, plan.block_n)
     k_maps(k.ptr)   # the geometries checked (TensorMapError names k or v) before any launch
     v_maps(v.ptr)
-    rows = (p.batch, p.q_heads) if batched else (p.q_heads,)
-    out_strides = out.strides if out is not None else contiguous_strides(rows + (p.head_dim,))
-    return DecodeCall(p, plan, launcher, config, k_maps, v_maps, rows, row_strides(q.strides, batched),
-                      row_strides(out_strides, batched), row_params(p, plan, scale, p.kv_len),
-                      *workspace_layout(p, plan))
+    return decode_call(p, plan, spec, q, out, batched, k_maps, v_maps, scale, p.kv_len)
 
 
 ARGUMENTS = ("q", "k", "v", "out", "kv_lens")
@@ -377,8 +396,7 @@ def launch(call: DecodeCall, arrays: CallArrays, stream, out, return_lse: bool, 
     if call.workspace_bytes:   # `scratch` owns the memory until the launch is enqueued
         scratch, tickets = runtime.workspace(arrays.objs[0], strm, call.workspace_bytes, zeroed=call.ticket_bytes)
         ws_o, ws_lse = tickets + call.o_offset, tickets + call.lse_offset
-    call.launcher(call.config, (q_p, *call.q_strides, call.k_maps(k_p), call.v_maps(v_p), kv_lens, *call.params,
-                                ws_o, ws_lse, tickets, o_p, *call.out_strides, lse_p, *page_table, k_p, v_p,
-                                *call.pages), strm)
+    call.values.launch((q_p, call.k_maps(k_p), call.v_maps(v_p), kv_lens, ws_o, ws_lse, tickets, o_p, lse_p,
+                        *page_table, k_p, v_p), call.launches, strm)   # CALL_VALUES
     out = arrays.result(out)
     return (out, arrays.result(lse)) if return_lse else out

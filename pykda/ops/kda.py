@@ -42,6 +42,7 @@ import numpy as np
 
 from .. import runtime
 from ..runtime.arrays import CallArrays, DeviceArray, as_device_array, contiguous_strides
+from .bound import bound_launch
 from .checks import (Memo, check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim,
                      check_rows_contiguous, check_same_device, check_shape, check_stages, resolve_scale)
 from .kda_variant import KdaFlags, KdaVariant, resolve_state_v_first, resolve_variant
@@ -371,14 +372,6 @@ def _slot_major(rows: int, heads: int, slots: int) -> tuple[int, int, int]:
     return (rows, heads, slots) if slots <= 65535 else (rows * slots, heads, 1)
 
 
-def _bound_launch(spec: runtime.KernelSpec, device: int, values: runtime.CallValues, name: str, sig: tuple,
-                  args: tuple, grid: tuple, threads: int, smem: int) -> runtime.BoundLaunch:
-    """Kernel `name` of `spec` (compiled on first use) in its configuration, bound to `args`
-    (PER_CALL entries read from `values`)."""
-    launcher = runtime.get_kernel(spec, device, name).launcher_for(sig)
-    return launcher.bind(launcher.config(grid, (threads, 1, 1), smem), args, values)
-
-
 class KdaCall(NamedTuple):
     """What a call's launches need besides the values of CALL_VALUES."""
     problem: KdaProblem
@@ -475,7 +468,7 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
                        split_above, at["maps"], at["checkpoints"], checkpoints[0], at["checkpoint_rows"])
     scan_args = (at["maps"], seg_chunks, split_above, at["cu_seqlens"], cu_is64, T32, N32)
     values = runtime.CallValues(CALL_SIGNATURE)
-    bound = functools.partial(_bound_launch, device=q.device, values=values)
+    bound = functools.partial(bound_launch, device=q.device, values=values)
     launches = []
     if plan.chunk_slots > 0 and T > 0:
         launches.append(bound(specs[0], name="kda_prepare", sig=PREPARE_SIGNATURE, args=prepare_args,

@@ -1,7 +1,8 @@
 """KDA decode over a pool of states: `fused_recurrent_kda` (names as in fla).
 
-validate -> plan (rows per CTA) -> spec -> kernel -> layout struct (`prepare_kda_decode`, memoized
-on the arguments' metadata and the settings) -> launch.
+validate -> plan (rows per CTA) -> spec -> kernel bound to its constants, the layout struct among
+them (`prepare_kda_decode`, memoized on the arguments' metadata and the settings) -> launch with
+the call's pointers.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from .. import runtime
 from ..runtime.arrays import CallArrays, contiguous_strides
+from .bound import bound_launch
 from .kda import check_kda_inputs
 from .kda_variant import KdaFlags, KdaVariant, resolve_state_v_first, resolve_variant
 from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim,
@@ -27,6 +29,12 @@ MAX_STAGED_TOKENS = 8 # tokens per tile whose inputs ride the ring (more are rea
 # Layout struct (18 int64 strides) by its byte length
 KERNEL_SIGNATURE = (int,) * 5 + (18 * 8,) + (int,) * 3 + (np.int32, np.int64, int, np.int64, np.int32, int, int,
                                                           np.int32, np.int32, np.int32, int, float, float)
+ARGUMENTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "state_indices", "num_accepted_tokens",
+             "cu_seqlens", "out")
+REQUIRED = 5   # q .. beta; initial_state is checked by validation, with its own message
+# what a call gives its launch anew (runtime.CallValues): the pointers of ARGUMENTS, in this order
+CALL_SIGNATURE = (int,) * len(ARGUMENTS)
+PER_CALL = {name: runtime.PerCall(i) for i, name in enumerate(ARGUMENTS)}
 
 
 class KdaDecodeProblem(NamedTuple):
@@ -238,62 +246,54 @@ def check_state_indices(indices: np.ndarray, pool_rows: int) -> None:
                          f"cannot update one state in place")
 
 
-def _kernel_for(p: KdaDecodeProblem, device: int, rpt: int | None, stages: int | None
-                ) -> tuple[KdaDecodePlan, runtime.Launcher, runtime.LaunchConfig]:
-    """The plan, the launcher of the kernel for problem `p` on `device` (compiled on first
-    use) and its launch configuration (the stream is set per launch)."""
+def plan_for(p: KdaDecodeProblem, device: int, rpt: int | None, stages: int | None
+             ) -> tuple[KdaDecodePlan, runtime.KernelSpec]:
+    """The plan of problem `p` on `device` (its shared memory within the device's) and the
+    spec of its kernel."""
     dev = runtime.device_info(device)
     plan = plan_kda_decode(p, dev.sm_count, dev.smem_per_sm, rpt, stages)
     if plan.smem > dev.smem_per_block_optin:
         raise ValueError(f"stages={plan.stages} needs {plan.smem} bytes of shared memory per block; "
                          f"the device allows {dev.smem_per_block_optin}")
-    kernel = runtime.get_kernel(kda_decode_spec(p, plan.rpt, plan.stages, dev.arch), device, "kda_decode")
-    launcher = kernel.launcher_for(KERNEL_SIGNATURE)
-    return plan, launcher, launcher.config((plan.grid, 1, 1), ((WARPS + 1) * 32, 1, 1), plan.smem)
+    return plan, kda_decode_spec(p, plan.rpt, plan.stages, dev.arch)
 
 
 class KdaDecodeCall(NamedTuple):
-    """What a launch needs besides the pointers and the stream."""
+    """A prepared call: what its launch needs besides the pointers and the stream."""
     problem: KdaDecodeProblem
     plan: KdaDecodePlan
-    launcher: runtime.Launcher
-    config: runtime.LaunchConfig
-    layout: bytes             # the kernel's `Layout` struct: 18 element strides
-    pool_rows: np.int32
-    pool_stride: np.int64     # elements from one pool row to the next
-    idx_stride: np.int64      # row stride of 2-D state_indices (0 otherwise)
-    idx_cols: np.int32        # its columns (0 otherwise)
-    tokens: np.int32
-    heads: np.int32
-    n_tiles: np.int32
-    lower_bound: float
-    scale: float
+    values: runtime.CallValues   # the buffer of the pointers (PER_CALL) the launch reads
+    launches: tuple              # the kernel, bound to its constants
 
 
 def prepare_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, num_accepted_tokens, cu_seqlens, out,
                        scale, flags, state_v_first, rows_per_thread, stages) -> KdaDecodeCall:
-    """Validate a call and make everything its launch needs but the pointers and the stream.
-    The output, when `out` is None, is a new contiguous array of v's shape. `flags`: KdaFlags or
-    a tuple of its fields (the hot path's key holds a plain tuple)."""
+    """Validate a call and make everything its launch needs but the pointers and the stream: the
+    kernel (compiled on first use) bound to its constants. The output, when `out` is None, is a
+    new contiguous array of v's shape. `flags`: KdaFlags or a tuple of its fields (the hot path's
+    key holds a plain tuple)."""
     p = validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out, KdaFlags(*flags),
                             state_v_first, num_accepted_tokens)
     scale = resolve_scale(scale, p.dim)
     check_stages(stages)
     runtime.require_gpu()
-    plan, launcher, config = _kernel_for(p, q.device, rows_per_thread, stages)
+    plan, spec = plan_for(p, q.device, rows_per_thread, stages)
     o_strides = out.strides if out is not None else contiguous_strides(tuple(v.shape))
     # 3 strides of each [B, T, H, ...] array, beta's all
     layout = np.asarray(q.strides[:3] + k.strides[:3] + g.strides[:3] + v.strides[:3] + tuple(beta.strides)
                         + tuple(o_strides[:3]), dtype=np.int64).tobytes()
-    idx_stride = np.int64(state_indices.strides[0] if p.index_cols else 0)
-    return KdaDecodeCall(p, plan, launcher, config, layout, np.int32(p.pool_rows), np.int64(state.strides[0]),
-                         idx_stride, np.int32(p.index_cols),
-                         *map(np.int32, (p.tokens, p.heads, plan.n_tiles)), p.variant.lower_bound, scale)
+    at = PER_CALL   # at["q"]: the argument the launch reads from the call's pointer of q
+    i32, i64 = np.int32, np.int64
+    args = (at["q"], at["k"], at["g"], at["v"], at["beta"], layout, at["A_log"], at["dt_bias"], at["initial_state"],
+            i32(p.pool_rows), i64(state.strides[0]), at["state_indices"],
+            i64(state_indices.strides[0] if p.index_cols else 0), i32(p.index_cols), at["num_accepted_tokens"],
+            at["cu_seqlens"], i32(p.tokens), i32(p.heads), i32(plan.n_tiles), at["out"], p.variant.lower_bound, scale)
+    values = runtime.CallValues(CALL_SIGNATURE)
+    launch = bound_launch(spec, q.device, values, "kda_decode", KERNEL_SIGNATURE, args, (plan.grid, 1, 1),
+                          (WARPS + 1) * 32, plan.smem)
+    return KdaDecodeCall(p, plan, values, (launch,))
 
 
-ARGUMENTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "state_indices", "num_accepted_tokens",
-             "cu_seqlens", "out")
-REQUIRED = 5   # q .. beta; initial_state is checked by validation, with its own message
 # prepared calls by the arguments' key (CallArrays) and the settings: a repeated call is one key compare
 PREPARED = Memo(lambda arrays, settings: prepare_kda_decode(*arrays.views(), *settings))
 
@@ -350,10 +350,9 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
         import cupy
         check_state_indices(cupy.asnumpy(cupy.from_dlpack(state_indices)), call.problem.pool_rows)
     strm = arrays.stream(stream)
-    q_p, k_p, v_p, g_p, beta_p, a_p, dt_p, state_p, idx_p, acc_p, cu_p, o_p = arrays.ptrs   # 0 for None
+    ptrs = arrays.ptrs   # of ARGUMENTS, 0 for None
     if out is None:   # o has v's shape and dtype
         out, o_p = arrays.new_contiguous_like(2)
-    call.launcher(call.config, (q_p, k_p, g_p, v_p, beta_p, call.layout, a_p, dt_p, state_p, call.pool_rows,
-                                call.pool_stride, idx_p, call.idx_stride, call.idx_cols, acc_p, cu_p, call.tokens,
-                                call.heads, call.n_tiles, o_p, call.lower_bound, call.scale), strm)
+        ptrs = (*ptrs[:-1], o_p)
+    call.values.launch(ptrs, call.launches, strm)
     return arrays.result(out), (initial_state if output_final_state else None)

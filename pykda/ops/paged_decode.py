@@ -10,8 +10,9 @@ arrive by TMA, a box per page per tile; smaller pages are gathered row by row wi
 `plan()` reads the page table on the host once per batch layout (checks it, counts each
 request's rows) and copies the rows and page offsets to a device buffer of its own; `run()`
 reads only device memory and allocates only its outputs and split workspace (from the framework
-of q), so it can be captured in a CUDA graph. validate -> kernel (`decode.kernel_for`, memoized
-per arguments' metadata and plan) -> tensor maps + workspace -> `decode.launch`.
+of q), so it can be captured in a CUDA graph. validate -> plan -> kernel bound to its constants
+(`decode.decode_call`, memoized per arguments' metadata and plan) -> tensor maps + workspace ->
+`decode.launch`.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from .. import runtime
 from ..runtime import arrays as device_arrays
-from ..runtime.arrays import CallArrays, DeviceArray, contiguous_strides, is_torch_tensor
+from ..runtime.arrays import CallArrays, DeviceArray, is_torch_tensor
 from . import decode
 from .checks import (Memo, check_aligned, check_dtype, check_inner_contiguous, check_ndim,
                      check_same_device, check_shape, check_stages, resolve_scale)
@@ -147,10 +148,10 @@ def _no_map(ptr: int) -> bytes:
 
 def prepare_paged(q, k, v, out, layout: PagedLayout) -> decode.DecodeCall:
     """Validate a run and make everything its launch needs but the pointers, the outputs, the
-    workspace and the stream."""
+    workspace, the tensor maps of the run's caches and the stream."""
     p = validate_paged(q, k, v, out, layout)
     runtime.require_gpu()
-    plan, launcher, config = decode.kernel_for(p, q.device, layout.chunk_size, layout.stages, layout.page_size)
+    plan, spec = decode.plan_for(p, q.device, layout.chunk_size, layout.stages, layout.page_size)
     (num_pages, _, _, _), (page_stride, row_stride, head_stride, _) = decode.kv_view(k, True, layout.kv_layout)
     if layout.page_size < decode.TMA_MIN_PAGE:
         k_maps = v_maps = _no_map
@@ -159,12 +160,8 @@ def prepare_paged(q, k, v, out, layout: PagedLayout) -> decode.DecodeCall:
         k_maps = decode.kv_tensor_maps(k, "k_cache", True, layout.kv_layout, box_rows)
         v_maps = decode.kv_tensor_maps(v, "v_cache", True, layout.kv_layout, box_rows)
         k_maps(k.ptr), v_maps(v.ptr)   # the geometries checked (TensorMapError names the cache) before any launch
-    rows = (p.batch, p.q_heads)
-    out_strides = out.strides if out is not None else contiguous_strides(rows + (p.head_dim,))
-    return decode.DecodeCall(p, plan, launcher, config, k_maps, v_maps, rows, decode.row_strides(q.strides, True),
-                             decode.row_strides(out_strides, True),
-                             decode.row_params(p, plan, layout.scale, MAX_ROWS), *decode.workspace_layout(p, plan),
-                             (np.int32(num_pages), np.int64(page_stride), np.int64(row_stride), np.int64(head_stride)))
+    return decode.decode_call(p, plan, spec, q, out, True, k_maps, v_maps, layout.scale, MAX_ROWS,
+                              (np.int32(num_pages), np.int64(page_stride), np.int64(row_stride), np.int64(head_stride)))
 
 
 ARGUMENTS = ("q", "k_cache", "v_cache", "out")

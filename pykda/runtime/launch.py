@@ -98,7 +98,7 @@ class Launcher:
     """Launches of one kernel with arguments of one signature: the parameter buffer and the
     pointer array into it are made once and reused (the driver copies the parameters during
     the launch), as are the launch configurations of each geometry. Arguments of another
-    signature would be packed wrongly: an op keeps one Launcher per call site, whose argument
+    signature would be packed wrongly: a caller keeps one Launcher per call site, whose argument
     types never change."""
     __slots__ = ("kernel", "sig", "structs", "layout", "offsets", "buffer", "pointers", "_configs")
 
