@@ -267,7 +267,8 @@ def _(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False
     o = q.new_empty((B, T, H, K), dtype=torch.bfloat16) if out is None else _placeholder(q)
     new_fs, new_ckpt = _returns(output_final_state, state_indices, final_state, return_intermediate_states,
                                 intermediate_states)
-    dtype = initial_state.dtype if initial_state is not None else torch.float32
+    # the states' dtype (validate_kda): initial_state's, else final_state's, else fp32
+    dtype = next((s.dtype for s in (initial_state, final_state) if s is not None), torch.float32)
     fs = _placeholder(q)
     if new_fs:
         n = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
