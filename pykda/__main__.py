@@ -5,6 +5,8 @@ import argparse
 import ast
 import sys
 
+FAMILIES = ("decode", "kda", "kda_decode")   # registry.FAMILIES (not imported here: it loads the runtime)
+
 
 def _value(text: str):
     try:
@@ -51,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                                   "decode in a CUDA graph, checked against the float64 references")
     c = sub.add_parser("compile", help="compile every registered specialization offline (no GPU needed)")
     c.add_argument("--arch", default="sm_90a")
-    c.add_argument("--family", default=None, help="decode, kda_decode (default: all)")
+    c.add_argument("--family", default=None, choices=FAMILIES, help=f"{', '.join(FAMILIES)} (default: all)")
     r = sub.add_parser("render", help="print a template's rendered CUDA source")
     r.add_argument("name")
     r.add_argument("params", nargs="*", help="KEY=VALUE template parameters")
