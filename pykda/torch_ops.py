@@ -403,6 +403,11 @@ def chunk_kda(q, k, v, g, beta, scale: Optional[float] = None, initial_state=Non
     `intermediate_states` buffer."""
     if cp_context is not None:   # not a tensor: cannot cross the op's boundary
         raise ValueError("cp_context (fla's context parallelism) is not supported by chunk_kda")
+    if return_intermediate_states and cu_seqlens is not None and intermediate_states is None:
+        # (the eager function would ask for cu_seqlens_cpu, which the op cannot take)
+        raise ValueError("pykda.torch_ops.chunk_kda: return_intermediate_states with cu_seqlens needs an "
+                         "intermediate_states buffer (the number of checkpoints depends on the lengths; the op "
+                         "plans without cu_seqlens_cpu)")
     del cu_seqlens_cpu
     state_v_first = _resolve_state_v_first(state_v_first, transpose_state_layout)
     o, fs, ckpt = _CHUNK(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
