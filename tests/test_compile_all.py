@@ -27,3 +27,16 @@ def test_compile_cli_takes_every_registered_family_and_names_an_unknown_one(caps
     help_text = next(a.help for a in build_parser()._subparsers._group_actions[0].choices["compile"]._actions
                      if a.dest == "family")
     assert all(family in help_text for family in registry.FAMILIES)
+
+
+def test_render_cli_names_a_parameter_that_is_not_key_value(capsys):
+    """`python -m pykda render decode D128`: argparse's usage error naming the parameter, not
+    dict()'s 'dictionary update sequence element' ValueError."""
+    from pykda.__main__ import build_parser
+    parse = build_parser().parse_args
+    assert parse(["render", "decode", "D=128", "SPLIT=True", "X=a=b"]).params == [("D", "128"), ("SPLIT", "True"),
+                                                                                  ("X", "a=b")]
+    for bad in ("D128", "=128"):
+        with pytest.raises(SystemExit) as exc:
+            parse(["render", "decode", bad])
+        assert exc.value.code == 2 and f"{bad!r} is not KEY=VALUE" in capsys.readouterr().err
