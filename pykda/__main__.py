@@ -5,12 +5,22 @@ import argparse
 import ast
 import sys
 
+FAMILIES = ("decode", "kda", "kda_decode")   # registry.FAMILIES (not imported here: it loads the runtime)
+
 
 def _value(text: str):
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return text
+
+
+def _param(text: str) -> tuple[str, str]:
+    """A render parameter, KEY=VALUE."""
+    key, eq, value = text.partition("=")
+    if not eq or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. D=128)")
+    return key, value
 
 
 def cmd_compile(args) -> int:
@@ -24,7 +34,7 @@ def cmd_compile(args) -> int:
 
 def cmd_render(args) -> int:
     from . import runtime
-    params = dict(kv.split("=", 1) for kv in args.params)
+    params = dict(args.params)
     print(runtime.render(args.name, {k: _value(v) for k, v in params.items()}), end="")
     return 0
 
@@ -51,10 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
                                   "decode in a CUDA graph, checked against the float64 references")
     c = sub.add_parser("compile", help="compile every registered specialization offline (no GPU needed)")
     c.add_argument("--arch", default="sm_90a")
-    c.add_argument("--family", default=None, help="decode, kda_decode (default: all)")
+    c.add_argument("--family", default=None, choices=FAMILIES, help=f"{', '.join(FAMILIES)} (default: all)")
     r = sub.add_parser("render", help="print a template's rendered CUDA source")
     r.add_argument("name")
-    r.add_argument("params", nargs="*", help="KEY=VALUE template parameters")
+    r.add_argument("params", nargs="*", type=_param, help="KEY=VALUE template parameters")
     s = sub.add_parser("sanitize", help="run a GPU test subset of every op under compute-sanitizer, one tool after "
                                          "another; a summary line per tool (needs the CUDA toolkit's compute-sanitizer)")
     s.add_argument("--tool", default="memcheck,racecheck,synccheck,initcheck",

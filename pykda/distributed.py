@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from .ops.kda import chunk_kda_slice
+from .ops.kda_variant import resolve_state_v_first
 
 
 def compose_start(maps: torch.Tensor, initial_state: torch.Tensor | None = None) -> torch.Tensor:
@@ -86,7 +87,9 @@ def chunk_kda_cp(q, k, v, g, beta, *, group=None, initial_state=None, output_fin
     in rank order make up the sequences; T_r may differ between ranks). `initial_state` (the
     sequences' start, [B, H, K, V] or [B, H, V, K] with `state_v_first`) is read on rank 0 only.
     Every other keyword is chunk_kda_slice's (gate and β forms, scale, chunk_size, out,
-    final_state, segment_chunks, ...); no cu_seqlens or state pool.
+    final_state, segment_chunks, ...; fla's disable_recompute, use_graph and max_num_seqs are
+    accepted and change nothing, transpose_state_layout is state_v_first); no cu_seqlens, state
+    pool or checkpoints (ValueError by name).
     Returns (o [B, T_r, H, V], state or None): with `output_final_state` (or `final_state`), the
     state at the end of this rank's slice, which on the last rank is the sequences' final state.
     Every rank must call it (it holds one all-gather).
@@ -94,9 +97,20 @@ def chunk_kda_cp(q, k, v, g, beta, *, group=None, initial_state=None, output_fin
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("chunk_kda_cp needs an initialized torch.distributed process group "
                            "(torch.distributed.init_process_group)")
-    for name in ("cu_seqlens", "state_indices", "has_initial_state"):
+    for name in ("cu_seqlens", "cu_seqlens_cpu", "state_indices", "has_initial_state"):
         if kwargs.get(name) is not None:
             raise ValueError(f"chunk_kda_cp does not take {name}: each rank holds a slice of B whole sequences")
+    for name in ("return_intermediate_states", "intermediate_states", "checkpoint_every"):
+        if kwargs.get(name) is not None and kwargs.get(name) is not False:
+            raise ValueError(f"chunk_kda_cp does not take {name}: a rank's slice writes no checkpoints")
+    if kwargs.get("cp_context") is not None:
+        raise ValueError("chunk_kda_cp does not take cp_context (fla's context parallelism): chunk_kda_cp is "
+                         "pykda's, over torch.distributed")
+    for name in ("return_intermediate_states", "intermediate_states", "checkpoint_every", "cu_seqlens",
+                 "cu_seqlens_cpu", "state_indices", "has_initial_state", "cp_context",
+                 "disable_recompute", "use_graph", "max_num_seqs"):   # None / False, or fla's no-ops (as chunk_kda)
+        kwargs.pop(name, None)
+    state_v_first = resolve_state_v_first(state_v_first, kwargs.pop("transpose_state_layout", None))
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"chunk_kda_cp takes torch tensors; q is {type(q).__name__}")
     check_initial_state(initial_state, q, state_v_first)

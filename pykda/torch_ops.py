@@ -263,7 +263,8 @@ def _(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False
     o = q.new_empty((B, T, H, K), dtype=torch.bfloat16) if out is None else _placeholder(q)
     new_fs, new_ckpt = _returns(output_final_state, state_indices, final_state, return_intermediate_states,
                                 intermediate_states)
-    dtype = initial_state.dtype if initial_state is not None else torch.float32
+    # the states' dtype (validate_kda): initial_state's, else final_state's, else fp32
+    dtype = next((s.dtype for s in (initial_state, final_state) if s is not None), torch.float32)
     fs = _placeholder(q)
     if new_fs:
         n = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
@@ -398,6 +399,11 @@ def chunk_kda(q, k, v, g, beta, scale: Optional[float] = None, initial_state=Non
     `intermediate_states` buffer."""
     if cp_context is not None:   # not a tensor: cannot cross the op's boundary
         raise ValueError("cp_context (fla's context parallelism) is not supported by chunk_kda")
+    if return_intermediate_states and cu_seqlens is not None and intermediate_states is None:
+        # (the eager function would ask for cu_seqlens_cpu, which the op cannot take)
+        raise ValueError("pykda.torch_ops.chunk_kda: return_intermediate_states with cu_seqlens needs an "
+                         "intermediate_states buffer (the number of checkpoints depends on the lengths; the op "
+                         "plans without cu_seqlens_cpu)")
     del cu_seqlens_cpu
     state_v_first = _resolve_state_v_first(state_v_first, transpose_state_layout)
     o, fs, ckpt = _CHUNK(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,

@@ -11,3 +11,32 @@ def test_specialization_compiles(spec):
     src = runtime.render(spec.template, spec.param_dict)
     cubin = runtime.compile_cubin(src, spec.arch, name=f"{spec.template}.cu")
     assert cubin[:4] == b"\x7fELF" and len(cubin) > 1000
+
+
+def test_compile_cli_takes_every_registered_family_and_names_an_unknown_one(capsys):
+    """`python -m pykda compile --family`: the choices are the registry's families (kda
+    included), and an unknown one is argparse's usage error naming the option, not a traceback."""
+    from pykda.__main__ import build_parser
+    parse = build_parser().parse_args
+    for family in registry.FAMILIES:
+        assert parse(["compile", "--family", family]).family == family
+    assert parse(["compile"]).family is None
+    with pytest.raises(SystemExit) as exc:
+        parse(["compile", "--family", "bogus"])
+    assert exc.value.code == 2 and "--family" in capsys.readouterr().err
+    help_text = next(a.help for a in build_parser()._subparsers._group_actions[0].choices["compile"]._actions
+                     if a.dest == "family")
+    assert all(family in help_text for family in registry.FAMILIES)
+
+
+def test_render_cli_names_a_parameter_that_is_not_key_value(capsys):
+    """`python -m pykda render decode D128`: argparse's usage error naming the parameter, not
+    dict()'s 'dictionary update sequence element' ValueError."""
+    from pykda.__main__ import build_parser
+    parse = build_parser().parse_args
+    assert parse(["render", "decode", "D=128", "SPLIT=True", "X=a=b"]).params == [("D", "128"), ("SPLIT", "True"),
+                                                                                  ("X", "a=b")]
+    for bad in ("D128", "=128"):
+        with pytest.raises(SystemExit) as exc:
+            parse(["render", "decode", bad])
+        assert exc.value.code == 2 and f"{bad!r} is not KEY=VALUE" in capsys.readouterr().err

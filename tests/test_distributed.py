@@ -138,3 +138,49 @@ def test_chunk_kda_cp_names_what_it_cannot_take(kwargs, exc, message):
             chunk_kda_cp(q, *x.values(), **kwargs)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(return_intermediate_states=True), "chunk_kda_cp does not take return_intermediate_states"),
+    (dict(intermediate_states=torch.zeros(1, 1, 2, 8, 8)), "chunk_kda_cp does not take intermediate_states"),
+    (dict(checkpoint_every=64), "chunk_kda_cp does not take checkpoint_every"),
+    (dict(cu_seqlens_cpu=torch.tensor([0, 4])), "chunk_kda_cp does not take cu_seqlens_cpu"),
+    (dict(cp_context=object()), "chunk_kda_cp does not take cp_context"),
+])
+def test_chunk_kda_cp_names_the_checkpoint_and_varlen_keywords_of_chunk_kda(monkeypatch, kwargs, message):
+    """chunk_kda's keywords that a rank's slice cannot honour (checkpoints, fla's context, the
+    host copy of cu_seqlens) are refused by name with ValueError, not chunk_kda_slice's TypeError."""
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    import pykda.distributed as pd
+    monkeypatch.setattr(pd, "chunk_kda_slice", lambda *a, **kw: pytest.fail("reached chunk_kda_slice"))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        x = [torch.zeros(1, 4, 2, 8) for _ in range(4)] + [torch.zeros(1, 4, 2)]
+        with pytest.raises(ValueError, match=message):
+            chunk_kda_cp(*x, **kwargs)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_chunk_kda_cp_takes_fla_s_no_op_keywords_and_the_old_layout_name(monkeypatch):
+    """As chunk_kda: fla's disable_recompute, use_graph and max_num_seqs are accepted and change
+    nothing, transpose_state_layout is state_v_first (README: every keyword of chunk_kda but
+    cu_seqlens, the state pool and checkpoints)."""
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    import pykda.distributed as pd
+    seen = {}
+    monkeypatch.setattr(pd, "chunk_kda_slice", lambda *a, **kw: seen.update(kw) or ("o", None))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        x = [torch.zeros(1, 4, 2, 8) for _ in range(4)] + [torch.zeros(1, 4, 2)]
+        s0 = torch.zeros(1, 2, 8, 8)
+        assert chunk_kda_cp(*x, disable_recompute=True, use_graph=True, max_num_seqs=8, chunk_size=32) == ("o", None)
+        assert seen["state_v_first"] is False and seen["chunk_size"] == 32
+        assert not {"disable_recompute", "use_graph", "max_num_seqs"} & set(seen)
+        with pytest.warns(DeprecationWarning, match="transpose_state_layout"):
+            chunk_kda_cp(*x, initial_state=s0, transpose_state_layout=True)
+        assert seen["state_v_first"] is True and "transpose_state_layout" not in seen
+    finally:
+        dist.destroy_process_group()

@@ -27,6 +27,25 @@ import types
 import numpy as np
 import pytest
 
+
+def test_torch_ops_varlen_checkpoints_ask_for_the_buffer_not_for_the_dropped_cu_seqlens_cpu():
+    """pykda.torch_ops.chunk_kda drops cu_seqlens_cpu (its docstring: checkpoints with cu_seqlens
+    need an intermediate_states buffer); a call without the buffer must say so, not ask for the
+    cu_seqlens_cpu the caller gave (the eager function's message, reached through the op)."""
+    import pykda.torch_ops as ops
+    twin = cpu_twin_of_arrays()
+    px, pcu, _, _ = prefill_inputs()
+    with stubbed_gpu(twin):
+        o, fs, ckpt = kda.chunk_kda(**px, **PREFILL_FLAGS, cu_seqlens=pcu, cu_seqlens_cpu=pcu,
+                                    return_intermediate_states=True)   # eager: sized from cu_seqlens_cpu
+        assert tuple(ckpt.shape[:2]) == (1, 4 + 1 + 1 + 5)
+        with pytest.raises(ValueError, match="intermediate_states buffer") as exc:
+            ops.chunk_kda(**px, **PREFILL_FLAGS, cu_seqlens=pcu, cu_seqlens_cpu=pcu, return_intermediate_states=True)
+        assert "needs cu_seqlens_cpu" not in str(exc.value)
+        buf = torch.zeros(1, 11, H, D, D)
+        assert ops.chunk_kda(**px, **PREFILL_FLAGS, cu_seqlens=pcu, cu_seqlens_cpu=pcu,
+                             return_intermediate_states=True, intermediate_states=buf)[2] is buf
+
 if __name__ == "__main__":   # run as a script: this checkout's pykda and tests/fakes.py
     from pathlib import Path
     sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent)]

@@ -1000,3 +1000,36 @@ def test_transpose_state_layout_reaches_the_kernels(offline):
     with pytest.warns(DeprecationWarning):
         pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), transpose_state_layout=True)
     assert offline[-1][5].param_dict["VFIRST"] is True
+
+
+@pytest.mark.parametrize("op", ["chunk_kda", "fused_recurrent_kda", "single_decode_with_kv_cache"])
+@pytest.mark.parametrize("stages", [3.0, "3"])
+def test_a_stages_override_that_is_not_an_int_is_named(op, stages):
+    """stages=3.0 passed `stages in range(2, 9)` and reached the kernel's template and the launch
+    geometry as a float (a float shared-memory size, a TypeError or an NVRTC error at launch):
+    refused by name before anything is compiled. NumPy ints are ints."""
+    from pykda.ops.checks import check_stages
+    a = good(B=2, T=100, H=2, K=64)
+    x = [a[n] for n in ("q", "k", "v", "g", "beta")]
+    call = {"chunk_kda": lambda **kw: pykda.chunk_kda(*x, **call_kwargs(a), **kw),
+            "fused_recurrent_kda": lambda **kw: pykda.fused_recurrent_kda(
+                *x, A_log=a["A_log"], dt_bias=a["dt_bias"], **SAFE_GATE_FLAGS._asdict(), state_v_first=True,
+                initial_state=arr((4, 2, 64, 64), "float32"), **kw),
+            "single_decode_with_kv_cache": lambda **kw: pykda.single_decode_with_kv_cache(
+                arr((8, 128)), arr((1000, 2, 128)), arr((1000, 2, 128)), **kw)}[op]
+    with pytest.raises(ValueError, match=r"stages must be in 2..8; got .* \(an int is needed\)"):
+        call(stages=stages)
+    check_stages(np.int64(3))
+    check_stages(None)
+
+
+@pytest.mark.parametrize("warps", [4.0, "4"])
+def test_a_warps_override_that_is_not_an_int_is_named(offline, warps):
+    """warps=4.0 passed `warps in (1, 2, 4, 8)` and made a float grid and block (a TypeError at
+    launch): refused by name."""
+    a = good(B=2, T=100, H=2, K=64)
+    with pytest.raises(ValueError, match="warps must be 1, 2, 4 or 8"):
+        pykda.chunk_kda(*(a[n] for n in ("q", "k", "v", "g", "beta")), **call_kwargs(a), warps=warps)
+    assert offline == []
+    p = problem(1, 100, 2, 64, 1, False)
+    assert plan_kda(p, H200_SMS, warps=np.int32(2)).warps == 2

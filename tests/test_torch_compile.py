@@ -173,6 +173,26 @@ def test_fake_chunk_kda_checkpoints():
                              intermediate_states=buf)[2] is buf
 
 
+def test_fake_chunk_kda_checkpoints_take_the_final_state_buffer_s_dtype():
+    """The states' dtype is initial_state's, or without one final_state's (validate_kda): new
+    checkpoints of a call with a bf16 final_state= buffer and no initial state are bf16, as
+    the eager call makes them."""
+    with fake_mode():
+        y = kda_inputs(2, 200, 2, 64)
+        fin = torch.empty(2, 2, 64, 64, dtype=bf16, device="cuda")
+        o, fs, ckpt = torch.ops.pykda.chunk_kda(**y, **KIMI, final_state=fin, return_intermediate_states=True)
+        assert meta(ckpt) == ((2, 4, 2, 64, 64), bf16, "cuda") and fs.numel() == 0
+        o, fs, ckpt = ops.chunk_kda(**y, **KIMI, final_state=fin, return_intermediate_states=True)
+        assert meta(ckpt) == ((2, 4, 2, 64, 64), bf16, "cuda") and fs is fin
+    from fakes import device_array
+    from pykda.ops.kda import KdaFlags, validate_kda
+    d = lambda *s, dtype="bfloat16": device_array(s, dtype)   # noqa: E731
+    p = validate_kda(d(2, 200, 2, 64), d(2, 200, 2, 64), d(2, 200, 2, 64), d(2, 200, 2, 64), d(2, 200, 2),
+                     d(2, dtype="float32"), d(2, 64, dtype="float32"), None, None, None, None, None,
+                     d(2, 2, 64, 64), KdaFlags(**KIMI), False, 16)
+    assert p.state_dtype == "bfloat16"   # what the eager call's checkpoints are made in
+
+
 def test_fake_fused_recurrent_kda_results():
     with fake_mode():
         x = kda_inputs(4, 2, 2, 128)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..runtime.arrays import DeviceArray, contiguous_strides
 
 FLOAT32_MAX = 3.4028234663852886e38
@@ -78,10 +80,16 @@ def resolve_scale(scale, dim: int) -> float:
     return scale
 
 
+def is_int(x) -> bool:
+    """A Python or NumPy int, not a bool (a setting that reaches templates and launch geometry)."""
+    return not isinstance(x, bool) and isinstance(x, (int, np.integer))
+
+
 def check_stages(stages) -> None:
-    """A pipeline-depth override: None (the planner's) or 2..8."""
-    if stages is not None and stages not in range(2, 9):
-        raise ValueError(f"stages must be in 2..8; got {stages}")
+    """A pipeline-depth override: None (the planner's) or an int in 2..8."""
+    if stages is not None and not (is_int(stages) and 2 <= stages <= 8):
+        raise ValueError(f"stages must be in 2..8; got {stages!r} (an int is needed)" if not is_int(stages)
+                         else f"stages must be in 2..8; got {stages!r}")
 
 
 def check_lower_bound(lower_bound) -> float:

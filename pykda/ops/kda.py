@@ -44,7 +44,7 @@ from .. import runtime
 from ..runtime.arrays import CallArrays, DeviceArray, as_device_array, contiguous_strides
 from .bound import bound_launch
 from .checks import (Memo, check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim,
-                     check_rows_contiguous, check_same_device, check_shape, check_stages, resolve_scale)
+                     check_rows_contiguous, check_same_device, check_shape, check_stages, is_int, resolve_scale)
 from .kda_variant import KdaFlags, KdaVariant, resolve_state_v_first, resolve_variant
 
 HEAD_DIMS = (64, 128)
@@ -204,8 +204,8 @@ def plan_kda(p: KdaProblem, sm_count: int, warps: int | None = None, stages: int
         options = [w for w in (8, 4, 2, 1) if 16 * w <= K]
         chains = segments.slots if segments.chunks else p.n_seq
         warps = next((w for w in options if chains * p.heads * (K // (16 * w)) >= 0.9 * sm_count), options[-1])
-    if warps not in (1, 2, 4, 8) or 16 * warps > K:
-        raise ValueError(f"warps must be 1, 2, 4 or 8 with 16·warps <= {K}; got {warps}")
+    if not is_int(warps) or warps not in (1, 2, 4, 8) or 16 * warps > K:
+        raise ValueError(f"warps must be 1, 2, 4 or 8 with 16·warps <= {K}; got {warps!r}")
     stages = stages or DEFAULT_STAGES[C]
     return KdaPlan(warps=warps, stages=stages, chunk_slots=chunk_bound(p),
                    prep_smem=_above_static_margin(prepare_smem_bytes(K, C, bounded_gate(p))),
