@@ -504,3 +504,5 @@ def test_bench_kda_takes_its_sweep_options():
     with pytest.raises(ValueError, match="does not take --warps"):
         check_options(parse(["bench", "decode", "--warps", "2"]))
     assert settings("0,128,auto", zero=0) == [0, 128, None] and settings("auto,4") == [None, 4]
+    with pytest.raises(ValueError, match=r"--warps: '2,x' is not a comma list of ints and auto"):
+        check_options(parse(["bench", "kda", "--warps", "2,x"]))

@@ -886,13 +886,26 @@ def test_cu_seqlens_cpu_tells_the_planner_the_longest_sequence_offline(offline, 
         offline.clear()
 
 
+def torch_or_list(values):
+    """A CPU tensor of `values` where torch is installed (fla's callers pass one), else the list."""
+    try:
+        import torch
+    except ImportError:
+        return values
+    return torch.tensor(values)
+
+
 def test_bad_cu_seqlens_cpu_is_named(offline):
     a = good(B=1, T=5000, H=2)
     a["cu_seqlens"] = arr((3,), "int32")
     with pytest.raises(ValueError, match="cu_seqlens_cpu must be 1-D integers"):
         pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), cu_seqlens_cpu=object())
     with pytest.raises(ValueError, match="cu_seqlens_cpu must be 1-D integers"):
-        pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), cu_seqlens_cpu=[[0, 5000]])
+        pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a),
+                        cu_seqlens_cpu=[[0], [2500], [5000]])
+    for other in ([0, 5000], np.array([0, 1000, 2000, 5000]), torch_or_list([0, 5000])):   # not N + 1 = 3 entries
+        with pytest.raises(ValueError, match=r"cu_seqlens_cpu must be the host copy of cu_seqlens \(3 entries\)"):
+            pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), cu_seqlens_cpu=other)
     a["cu_seqlens"] = None
     with pytest.raises(ValueError, match="cu_seqlens_cpu is given without cu_seqlens"):
         pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), cu_seqlens_cpu=[0, 5000])

@@ -305,6 +305,18 @@ def test_k_first_tiles_are_whole_states(state, dim, rpt, per_sm, tokens):
     assert plan_kda_decode(p, 132, 233472, rpt=rpt) == plan
     with pytest.raises(ValueError, match=rf"whole-state tiles: rows_per_thread must be None or {rpt}"):
         plan_kda_decode(p, 132, 233472, rpt=rpt // 2)
+    plan_kda_decode.cache_clear()   # (the cache takes a float for the int it equals: the plan of that)
+    with pytest.raises(ValueError, match=rf"rows_per_thread must be None or {rpt}"):
+        plan_kda_decode(p, 132, 233472, rpt=float(rpt))   # (a float would reach the template and the grid)
+
+
+@pytest.mark.parametrize("rpt", [4.0, "4", True])
+def test_rows_per_thread_must_be_an_int(rpt):
+    p = problem(64, 32, 128, 1, "float32")
+    plan_kda_decode.cache_clear()
+    with pytest.raises(ValueError, match=f"rows_per_thread must be 1, 2, 4 or 8 .*got {rpt!r}"):
+        plan_kda_decode(p, 132, 233472, rpt=rpt)
+    assert plan_kda_decode(p, 132, 233472, rpt=np.int32(4)).rpt == 4
 
 
 def test_k_first_spec_differs_only_by_layout():

@@ -11,7 +11,12 @@ from . import plot
 def settings(text: str | None, zero=None) -> list:
     """A comma list of settings to sweep; "auto" (or nothing) is the planner's choice, and so is 0
     unless `zero` says what 0 means (e.g. segment_chunks=0: no segments)."""
-    return [None] if not text else [None if x.strip() == "auto" else int(x) or zero for x in text.split(",")]
+    if not text:
+        return [None]
+    try:
+        return [None if x.strip() == "auto" else int(x) or zero for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{text!r} is not a comma list of ints and auto") from None
 
 
 # the template and planner parameters each bench sweeps
@@ -27,13 +32,18 @@ def _flag(name: str) -> str:
 
 
 def check_options(args) -> None:
-    """Raise ValueError naming an option given to a bench that does not take it, or --plot
-    without a sweep option."""
+    """Raise ValueError naming an option given to a bench that does not take it, --plot
+    without a sweep option, or a sweep option that is not a list of settings."""
     for name in sorted(set().union(*OPTIONS.values())):
         if getattr(args, name, None) and name not in OPTIONS[args.op]:
             raise ValueError(f"bench {args.op} does not take {_flag(name)}")
     if getattr(args, "plot", None) and not any(getattr(args, name, None) for name in SWEEPS[args.op]):
         raise ValueError(f"--plot draws a sweep: give {' or '.join(map(_flag, SWEEPS[args.op]))}")
+    for name in SWEEPS[args.op]:
+        try:
+            settings(getattr(args, name, None))
+        except ValueError as exc:
+            raise ValueError(f"{_flag(name)}: {exc}") from None
 
 
 def main(args) -> int:

@@ -21,7 +21,7 @@ from .. import runtime
 from ..runtime.arrays import CallArrays, DeviceArray, contiguous_strides
 from .bound import bound_launch
 from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim,
-                     check_same_device, check_shape, check_stages, Memo, resolve_scale)
+                     check_same_device, check_shape, check_stages, is_int, Memo, resolve_scale)
 
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("bfloat16", "float16")
@@ -100,9 +100,9 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
     block_n = TILE_ROWS[p.head_dim]
     n_tiles = -(-p.kv_len // block_n)
     if chunk_size is not None:
-        if chunk_size <= 0 or chunk_size % block_n:
+        if not is_int(chunk_size) or chunk_size <= 0 or chunk_size % block_n:
             raise ValueError(f"chunk_size must be a positive multiple of {block_n} (the tile rows for "
-                             f"head_dim {p.head_dim}); got {chunk_size}")
+                             f"head_dim {p.head_dim}); got {chunk_size!r}")
         tiles = chunk_size // block_n
     else:
         slots = sm_count * ctas_per_sm(p.head_dim, stages, smem_per_sm)

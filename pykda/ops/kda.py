@@ -586,8 +586,13 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
     if cp_context is not None:
         raise ValueError("cp_context (fla's context parallelism) is not supported by chunk_kda")
     del disable_recompute, use_graph, max_num_seqs   # nothing to do with them (see above)
-    if cu_seqlens_cpu is not None and cu_seqlens is None:
-        raise ValueError("cu_seqlens_cpu is given without cu_seqlens")
+    if cu_seqlens_cpu is not None:
+        if cu_seqlens is None:
+            raise ValueError("cu_seqlens_cpu is given without cu_seqlens")
+        shape = getattr(cu_seqlens, "shape", None)   # (validation names a bad cu_seqlens later)
+        if shape and hasattr(cu_seqlens_cpu, "__len__") and len(cu_seqlens_cpu) != shape[0]:
+            raise ValueError(f"cu_seqlens_cpu must be the host copy of cu_seqlens ({shape[0]} entries); got "
+                             f"{len(cu_seqlens_cpu)} entries")
     state_v_first = resolve_state_v_first(state_v_first, transpose_state_layout)
     chunk_size, default_every = kernel_chunk(chunk_size)
     every = 0

@@ -18,7 +18,7 @@ from .bound import bound_launch
 from .kda import check_kda_inputs
 from .kda_variant import KdaFlags, KdaVariant, resolve_state_v_first, resolve_variant
 from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim,
-                     check_rows_contiguous, check_same_device, check_shape, check_stages, Memo, resolve_scale)
+                     check_rows_contiguous, check_same_device, check_shape, check_stages, is_int, Memo, resolve_scale)
 
 STATE_CTYPES = {"float32": "float", "bfloat16": "bf16_t"}
 INDEX_CTYPES = {"int32": "int", "int64": "long long"}
@@ -134,15 +134,15 @@ def plan_kda_decode(p: KdaDecodeProblem, sm_count: int, smem_per_sm: int, rpt: i
     take whole states. The grid is as many CTAs as fit the SMs."""
     if not p.v_first:
         whole = whole_state_rpt(p)
-        if rpt not in (None, whole):
+        if rpt is not None and not (is_int(rpt) and rpt == whole):
             raise ValueError(f"K-first pools [P, H, K, V] take whole-state tiles: rows_per_thread must be None or "
                              f"{whole} at K = {p.dim} {p.state_dtype}; got {rpt}")
         rpt = whole
     elif rpt is None:
         fits = [r for r in (8, 4, 2, 1) if tile_rows(p, r) <= p.dim]
         rpt = next((r for r in fits if tile_count(p, r) >= sm_count // 4), fits[-1])
-    elif rpt not in (1, 2, 4, 8) or tile_rows(p, rpt) > p.dim:
-        raise ValueError(f"rows_per_thread must be 1, 2, 4 or 8 with at most {p.dim} rows per tile; got {rpt}")
+    elif not is_int(rpt) or rpt not in (1, 2, 4, 8) or tile_rows(p, rpt) > p.dim:
+        raise ValueError(f"rows_per_thread must be 1, 2, 4 or 8 with at most {p.dim} rows per tile; got {rpt!r}")
     stages = stages or default_stages(p, rpt, smem_per_sm)
     smem = stages * stage_bytes(p, rpt) + sums_bytes(p) + 1024   # + alignment slack
     n_tiles = tile_count(p, rpt)
