@@ -78,6 +78,16 @@ def check_initial_state(initial_state, q: torch.Tensor, state_v_first: bool) -> 
         raise ValueError(f"initial_state must be on q's device ({q.device}); got {initial_state.device}")
 
 
+_WHOLE = "each rank holds a slice of B whole sequences"
+_NO_CHECKPOINTS = "a rank's slice writes no checkpoints"
+# chunk_kda's keywords a rank's slice cannot honour, and why; fla's keywords that change nothing there either
+REFUSED = {"cu_seqlens": _WHOLE, "cu_seqlens_cpu": _WHOLE, "state_indices": _WHOLE, "has_initial_state": _WHOLE,
+           "return_intermediate_states": _NO_CHECKPOINTS, "intermediate_states": _NO_CHECKPOINTS,
+           "checkpoint_every": _NO_CHECKPOINTS,
+           "cp_context": "fla's context parallelism; chunk_kda_cp is pykda's, over torch.distributed"}
+FLA_NO_OPS = ("disable_recompute", "use_graph", "max_num_seqs")
+
+
 def chunk_kda_cp(q, k, v, g, beta, *, group=None, initial_state=None, output_final_state: bool = False,
                  state_v_first: bool = False, **kwargs):
     """Chunked KDA forward of sequences split across the ranks of `group` (torch.distributed,
@@ -97,18 +107,11 @@ def chunk_kda_cp(q, k, v, g, beta, *, group=None, initial_state=None, output_fin
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("chunk_kda_cp needs an initialized torch.distributed process group "
                            "(torch.distributed.init_process_group)")
-    for name in ("cu_seqlens", "cu_seqlens_cpu", "state_indices", "has_initial_state"):
-        if kwargs.get(name) is not None:
-            raise ValueError(f"chunk_kda_cp does not take {name}: each rank holds a slice of B whole sequences")
-    for name in ("return_intermediate_states", "intermediate_states", "checkpoint_every"):
-        if kwargs.get(name) is not None and kwargs.get(name) is not False:
-            raise ValueError(f"chunk_kda_cp does not take {name}: a rank's slice writes no checkpoints")
-    if kwargs.get("cp_context") is not None:
-        raise ValueError("chunk_kda_cp does not take cp_context (fla's context parallelism): chunk_kda_cp is "
-                         "pykda's, over torch.distributed")
-    for name in ("return_intermediate_states", "intermediate_states", "checkpoint_every", "cu_seqlens",
-                 "cu_seqlens_cpu", "state_indices", "has_initial_state", "cp_context",
-                 "disable_recompute", "use_graph", "max_num_seqs"):   # None / False, or fla's no-ops (as chunk_kda)
+    for name, why in REFUSED.items():
+        value = kwargs.pop(name, None)
+        if value is not None and not (value is False and why is _NO_CHECKPOINTS):   # (the flag's default: False)
+            raise ValueError(f"chunk_kda_cp does not take {name}: {why}")
+    for name in FLA_NO_OPS:
         kwargs.pop(name, None)
     state_v_first = resolve_state_v_first(state_v_first, kwargs.pop("transpose_state_layout", None))
     if not isinstance(q, torch.Tensor):
