@@ -9,14 +9,23 @@ torch = pytest.importorskip("torch")
 
 
 @pytest.fixture
-def calls(monkeypatch):
-    """The pykda ops as recorders: each call's positional and keyword arguments."""
+def tensor_outputs():
+    """Asks `calls` for decode outputs that are tensors (packed_decode transposes its o)."""
+
+
+@pytest.fixture
+def calls(monkeypatch, request):
+    """The pykda ops as recorders: each call's positional and keyword arguments (decode's o a tensor
+    of v's shape for the tests that name `tensor_outputs`)."""
     log = []
+    tensor_outputs = "tensor_outputs" in request.fixturenames
 
     def recorder(name):
         def op(*args, **kwargs):
             log.append((name, args, kwargs))
-            return "o", "state"
+            if name == "fused_recurrent_kda" and tensor_outputs:   # o has v's shape
+                return torch.zeros(args[2].shape), None
+            return ("o", "state", "h") if kwargs.get("return_intermediate_states") else ("o", "state")
         return op
     monkeypatch.setattr(sglang, "_chunk_kda", recorder("chunk_kda"))
     monkeypatch.setattr(sglang, "_fused_recurrent_kda", recorder("fused_recurrent_kda"))
@@ -103,4 +112,85 @@ def test_decode_keeps_sglangs_meanings(calls, lower_bound):
 def test_decode_refuses_by_name(calls, over, message):
     with pytest.raises(ValueError, match=message):
         sglang.fused_sigmoid_gating_delta_rule_update(**decode_args(**over))
+    assert not calls
+
+
+def test_prefill_returns_the_chunk_states_when_asked(calls):
+    """output_intermediate_states (SGLang's radix-track snapshots): (o, h), h pykda's checkpoints every
+    64 tokens; their number comes from a host copy of cu_seqlens."""
+    q, k, v = tokens()
+    pool, idx, cu = torch.zeros(5, 2, 64, 64), torch.tensor([4, -1, 0]), torch.tensor([0, 1, 2, 3])
+    assert sglang.chunk_kda(q, k, v, "g", "beta", initial_state=pool, initial_state_indices=idx, cu_seqlens=cu,
+                            output_intermediate_states=True) == ("o", "h")
+    kw = calls[-1][2]
+    assert kw["return_intermediate_states"] is True and kw["checkpoint_every"] == 64
+    assert torch.equal(kw["cu_seqlens_cpu"], cu) and kw["cu_seqlens"] is cu
+    assert sglang.chunk_kda(q, k, v, "g", "beta", initial_state=pool, initial_state_indices=idx,
+                            output_intermediate_states=False) == "o"
+    assert "return_intermediate_states" not in calls[-1][2]
+
+
+def test_kernel_object_decode_and_extend_as_sglangs_backend_calls_them(calls):
+    """KDAKernel has the methods SGLang's KDAKernelDispatcher calls on its TritonKDAKernel, with their
+    meanings: decode takes the raw gate and β logits, extend the pool at cache_indices."""
+    kernel = sglang.KDAKernel()
+    q, k, v = tokens()
+    a, b, pool, idx, qsl = torch.zeros(3, 2 * 64), torch.zeros(3, 2), torch.zeros(5, 2, 64, 64), "idx", "qsl"
+    kernel.decode(q, k, v, a, b, A_log=torch.zeros(2), dt_bias="dt", ssm_states=pool, cache_indices=idx,
+                  query_start_loc=qsl)
+    name, args, kw = calls[-1]
+    assert name == "fused_recurrent_kda" and tuple(args[3].shape) == (1, 3, 2, 64) and tuple(args[4].shape) == (1, 3, 2)
+    assert kw["initial_state"] is pool and kw["state_indices"] == idx and kw["cu_seqlens"] == qsl
+    assert kw["use_beta_sigmoid_in_kernel"] and kw["use_gate_in_kernel"] and kw["use_qk_l2norm_in_kernel"]
+    assert kw["state_v_first"] is True
+    for want_h in (False, True):
+        r = kernel.extend(q, k, v, "g", "beta", ssm_states=pool, cache_indices=torch.tensor([0, 1, 2]),
+                          query_start_loc=torch.tensor([0, 1, 2, 3]), A_log=torch.zeros(2), dt_bias="dt",
+                          lower_bound=-5.0, return_intermediate_states=want_h)
+        assert r == (("o", "h") if want_h else "o")
+        name, args, kw = calls[-1]
+        assert name == "chunk_kda" and kw["initial_state"] is pool and tuple(kw["state_indices"]) == (0, 1, 2)
+        assert kw["safe_gate"] is True and kw["lower_bound"] == -5.0 and not kw.get("use_beta_sigmoid_in_kernel")
+    with pytest.raises(ValueError, match="target-verify .* is not supported"):
+        kernel.target_verify(torch.zeros(2), "dt", q, k, v, a, b, ssm_states=pool, cache_indices=idx,
+                             query_start_loc=qsl, intermediate_states_buffer="buf", intermediate_state_indices="i",
+                             cache_steps=4, retrieve_parent_token="p")
+
+
+def test_packed_decode_reads_q_k_v_in_place_from_the_convolution_output(calls, tensor_outputs):
+    """packed_decode: q, k and v are views of mixed_qkv's columns (no copy), one token per sequence;
+    o comes back [1, B, H, V] as SGLang's packed kernel returns it."""
+    B, H, K = 3, 2, 64
+    mixed = torch.randn(B, 3 * H * K)
+    pool = torch.zeros(5, H, K, K)
+    o = sglang.KDAKernel().packed_decode(mixed, torch.zeros(B, H, K), torch.zeros(B, 1, H), A_log=torch.zeros(H),
+                                         dt_bias="dt", scale=0.125, ssm_states=pool, cache_indices="idx",
+                                         num_v_heads=H, head_v_dim=K, replayssm_d=None, replayssm_write_pos=None)
+    assert tuple(o.shape) == (1, B, H, K)
+    name, (q, k, v, g, beta), kw = calls[-1]
+    for i, x in enumerate((q, k, v)):
+        assert tuple(x.shape) == (B, 1, H, K) and x.data_ptr() == mixed.data_ptr() + i * H * K * mixed.element_size()
+        assert torch.equal(x.reshape(B, H * K), mixed[:, i * H * K:(i + 1) * H * K])
+    assert tuple(g.shape) == (B, 1, H, K) and tuple(beta.shape) == (B, 1, H)
+    assert kw["scale"] == 0.125 and kw["initial_state"] is pool and kw["state_indices"] == "idx"
+    assert kw["use_gate_in_kernel"] and kw["use_beta_sigmoid_in_kernel"] and kw["state_v_first"]
+
+
+@pytest.mark.parametrize("method, extra, message", [
+    ("packed_decode", dict(replayssm_d="ring"), "arguments pykda does not take: replayssm_d"),
+    ("packed_decode", dict(num_v_heads=3), r"mixed_qkv must be \[B, q \| k \| v\]"),
+    ("decode", dict(stream=1), "arguments pykda does not take: stream"),
+    ("extend", dict(chunk_indices="ci"), "arguments pykda does not take: chunk_indices"),
+])
+def test_kernel_object_refuses_what_it_cannot_honour(calls, method, extra, message):
+    B, H, K = 3, 2, 64
+    q, k, v = tokens()
+    common = dict(ssm_states=torch.zeros(5, H, K, K), cache_indices="idx")
+    args = {"packed_decode": ((torch.zeros(B, 3 * H * K), torch.zeros(B, H * K), torch.zeros(B, H)),
+                              dict(A_log=torch.zeros(H), dt_bias="dt", scale=0.1, num_v_heads=H, head_v_dim=K)),
+            "decode": ((q, k, v, torch.zeros(B, H * K), torch.zeros(B, H)),
+                       dict(A_log=torch.zeros(H), dt_bias="dt", query_start_loc="qsl")),
+            "extend": ((q, k, v, "g", "beta"), dict(query_start_loc=torch.tensor([0, 1, 2, 3])))}[method]
+    with pytest.raises(ValueError, match=message):
+        getattr(sglang.KDAKernel(), method)(*args[0], **{**common, **args[1], **extra})
     assert not calls

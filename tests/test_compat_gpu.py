@@ -67,3 +67,36 @@ def test_prefill_then_decode_as_sglang_calls_them(lower_bound):
         assert reference.relative_error(f64(pool[ROWS[n]]), s_ref[0]) <= TOL, n
     untouched = [r for r in range(P) if r not in ROWS]
     assert torch.equal(pool[untouched], before[untouched]) and torch.equal(cache[:, 0], other_layer)
+
+
+def test_kernel_object_packed_decode_equals_its_decode():
+    """KDAKernel.packed_decode (q, k, v read in place from the convolution's output) gives decode's
+    outputs and pool rows bit for bit; extend's chunk states are pykda's checkpoints every 64."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    B = 4
+    A_log = torch.log(1 + 15 * torch.rand(H, generator=gen, device="cuda"))
+    dt_bias = 0.5 * torch.randn(H * K, generator=gen, device="cuda")
+    pool = 0.05 * torch.randn(P, H, K, K, generator=gen, device="cuda")
+    idx = torch.tensor([3, 0, -1, 6], dtype=torch.int32, device="cuda")
+    mixed = torch.randn(B, 3 * H * K, generator=gen, device="cuda").to(torch.bfloat16)
+    a = torch.randn(B, H * K, generator=gen, device="cuda").to(torch.bfloat16)
+    b = torch.randn(B, H, generator=gen, device="cuda").to(torch.bfloat16)
+    kernel = sglang.KDAKernel()
+    pool_packed = pool.clone()
+    o_packed = kernel.packed_decode(mixed, a, b, A_log=A_log, dt_bias=dt_bias, scale=K ** -0.5, ssm_states=pool_packed,
+                                    cache_indices=idx, num_v_heads=H, head_v_dim=K)
+    q, k, v = (mixed[:, i * H * K:(i + 1) * H * K].reshape(1, B, H, K).contiguous() for i in range(3))
+    o = kernel.decode(q, k, v, a, b, A_log=A_log, dt_bias=dt_bias, ssm_states=pool, cache_indices=idx,
+                      query_start_loc=cu_of([1] * B))
+    assert o_packed.shape == o.shape == (1, B, H, K)
+    assert torch.equal(o_packed, o) and torch.equal(pool_packed, pool)
+
+    pre = inputs(sum(LENGTHS), 13)
+    rows = torch.tensor([1, 4, 5], dtype=torch.int32, device="cuda")
+    starts = pool[rows.long()].clone()
+    o_ext, h = kernel.extend(pre["q"], pre["k"], pre["v"], pre["g"], torch.sigmoid(pre["b"].float()), ssm_states=pool,
+                             cache_indices=rows, query_start_loc=cu_of(LENGTHS), A_log=A_log, dt_bias=dt_bias,
+                             return_intermediate_states=True)
+    assert h.shape == (1, sum(-(-n // 64) for n in LENGTHS), H, K, K) and torch.isfinite(h).all()
+    firsts = np.cumsum([0] + [-(-n // 64) for n in LENGTHS[:-1]])   # each sequence's first chunk state: its start
+    assert torch.equal(h[0, firsts], starts)

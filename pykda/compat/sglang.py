@@ -1,12 +1,15 @@
 """SGLang's KDA calls (its `fla` kernels' signatures, as its Kimi Linear backend makes them) on
-pykda's ops: `from pykda.compat.sglang import chunk_kda, fused_sigmoid_gating_delta_rule_update`.
+pykda's ops: `from pykda.compat.sglang import chunk_kda, fused_sigmoid_gating_delta_rule_update`,
+or the whole kernel object SGLang's KDA backend dispatches to (`KDAKernel`, the methods of its
+`TritonKDAKernel`: decode, extend, packed_decode, target_verify).
 
 SGLang's conventions, kept here:
 - state pools are V-first, `[P, H, V, K]`, updated in place at `initial_state_indices` (negative:
   padding); a pool may be a view whose rows lie further apart (pykda reads the row stride);
 - prefill (`chunk_kda`) takes β as probabilities and computes the gate in the kernel when
   `A_log` is given (Kimi Linear's softplus gate, or with `lower_bound` the bounded one), else
-  takes `g` as the log-decay; it returns the output only;
+  takes `g` as the log-decay; it returns the output only, or with `output_intermediate_states`
+  also the states at every 64-token chunk boundary (SGLang's `h`, [1, NT, H, V, K]);
 - decode (`fused_sigmoid_gating_delta_rule_update`, `is_kda=True`) takes the raw gate `a` and β
   as logits (`b`), and returns the output only.
 Arguments pykda cannot honour raise ValueError by name; none is dropped silently.
@@ -17,6 +20,8 @@ from ..ops.kda import chunk_kda as _chunk_kda
 from ..ops.kda_decode import fused_recurrent_kda as _fused_recurrent_kda
 
 SOFTPLUS_THRESHOLD_MIN = 15.0   # pykda's softplus is exact to fp32 there (kda_math.cuh); a lower threshold is not
+SGLANG_CHUNK = 64               # SGLang's chunk: the spacing of its intermediate states
+SOFTPLUS_THRESHOLD = 20.0       # what SGLang's KDA decode passes
 
 
 def _no_extra(name: str, kwargs: dict) -> None:
@@ -35,11 +40,14 @@ def _gate_flags(A_log, lower_bound) -> dict:
 
 def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, initial_state_indices=None,
               use_qk_l2norm_in_kernel: bool = False, cu_seqlens=None, A_log=None, dt_bias=None,
-              lower_bound: float | None = None, **kwargs):
+              lower_bound: float | None = None, output_intermediate_states: bool = False, **kwargs):
     """SGLang's prefill: q, k, v [1, T, H, K] bf16 packed by `cu_seqlens`; g the raw gate (with
     A_log) or the log-decay; beta [1, T, H] probabilities; the pool `initial_state` [P, H, V, K]
     read and written in place at rows `initial_state_indices` [N] (without indices: row n, a
-    [N, H, V, K] state updated in place). Returns o [1, T, H, V]."""
+    [N, H, V, K] state updated in place). Returns o [1, T, H, V]; with
+    `output_intermediate_states`, (o, h): h the state before every 64-token chunk of each
+    sequence, [1, Σ ceil(len / 64), H, V, K] in the states' dtype (with cu_seqlens their number
+    is read from a host copy of it: a synchronisation, as SGLang's own chunk indices make)."""
     _no_extra("chunk_kda", kwargs)
     if initial_state is None and initial_state_indices is not None:
         raise ValueError("initial_state_indices is given without initial_state (the pool)")
@@ -48,10 +56,15 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
         pool["state_indices"] = initial_state_indices
     elif initial_state is not None:
         pool["final_state"] = initial_state   # updated in place, as the pool would be
-    o, _ = _chunk_kda(q, k, v, g, beta, scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                      state_v_first=True, cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias,
-                      **_gate_flags(A_log, lower_bound), **pool)
-    return o
+    checkpoints = {}
+    if output_intermediate_states:
+        checkpoints = dict(return_intermediate_states=True, checkpoint_every=SGLANG_CHUNK)
+        if cu_seqlens is not None:
+            checkpoints["cu_seqlens_cpu"] = cu_seqlens.cpu()
+    r = _chunk_kda(q, k, v, g, beta, scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                   state_v_first=True, cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias,
+                   **_gate_flags(A_log, lower_bound), **pool, **checkpoints)
+    return (r[0], r[2]) if output_intermediate_states else r[0]
 
 
 def fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta: float, softplus_threshold: float, q, k,
@@ -90,3 +103,55 @@ def fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta: flo
                                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel=True,
                                 state_v_first=True, **_gate_flags(A_log, lower_bound))
     return o
+
+
+def _none_only(name: str, kwargs: dict) -> None:
+    """Options SGLang's backend passes to every kernel (None where off): refused by name when set."""
+    _no_extra(name, {n: x for n, x in kwargs.items() if x is not None})
+
+
+class KDAKernel:
+    """SGLang's KDA kernel object (its `LinearAttnKernelBase` methods, as `TritonKDAKernel` has
+    them) on pykda's ops: its backend's `KDAKernelDispatcher` can hold one for decode and extend.
+    Pools V-first [P, H, V, K], updated in place at `cache_indices`."""
+    supports_packed_decode = True
+
+    def decode(self, q, k, v, a, b, *, A_log, dt_bias, ssm_states, cache_indices, query_start_loc, **kwargs):
+        """q, k, v [1, N, H, K] packed by `query_start_loc`; `a` the raw gate, `b` β logits.
+        Returns o [1, N, H, V]."""
+        _none_only("KDAKernel.decode", kwargs)
+        return fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, 1.0, SOFTPLUS_THRESHOLD, q, k, v, b,
+                                                      ssm_states, cache_indices, use_qk_l2norm_in_kernel=True,
+                                                      cu_seqlens=query_start_loc, is_kda=True)
+
+    def packed_decode(self, mixed_qkv, a, b, *, A_log, dt_bias, scale, ssm_states, cache_indices, num_v_heads,
+                      head_v_dim, **kwargs):
+        """One token per sequence from the short convolution's output `mixed_qkv` [B, q | k | v]
+        (read in place: q, k and v are views of its columns); `a` the raw gate ([B, H·K] or
+        [B, H, K]), `b` β logits ([B, H]). Returns o [1, B, H, V]."""
+        _none_only("KDAKernel.packed_decode", kwargs)   # (SGLang's replayssm ring buffers: None when off)
+        B, H, V = mixed_qkv.shape[0], num_v_heads, head_v_dim
+        K = ssm_states.shape[-1]
+        if mixed_qkv.shape[1] != 2 * H * K + H * V:
+            raise ValueError(f"mixed_qkv must be [B, q | k | v] = [B, {2 * H * K + H * V}] for {H} heads of "
+                             f"K = {K}, V = {V}; got {tuple(mixed_qkv.shape)}")
+        q, k, v = (mixed_qkv[:, i * H * K:i * H * K + H * d].view(B, 1, H, d) for i, d in enumerate((K, K, V)))
+        o, _ = _fused_recurrent_kda(q, k, v, a.reshape(B, 1, H, K), b.reshape(B, 1, H), A_log=A_log, dt_bias=dt_bias,
+                                    scale=scale, initial_state=ssm_states, state_indices=cache_indices,
+                                    use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                                    use_beta_sigmoid_in_kernel=True, state_v_first=True)
+        return o.transpose(0, 1)
+
+    def extend(self, q, k, v, g, beta, *, ssm_states, cache_indices, query_start_loc, A_log=None, dt_bias=None,
+               lower_bound: float | None = None, return_intermediate_states: bool = False, **kwargs):
+        """SGLang's `chunk_kda` on the pool (see `chunk_kda` here): o, or (o, h) with
+        `return_intermediate_states`."""
+        _none_only("KDAKernel.extend", kwargs)
+        return chunk_kda(q, k, v, g, beta, initial_state=ssm_states, initial_state_indices=cache_indices,
+                         use_qk_l2norm_in_kernel=True, cu_seqlens=query_start_loc, A_log=A_log, dt_bias=dt_bias,
+                         lower_bound=lower_bound, output_intermediate_states=return_intermediate_states)
+
+    def target_verify(self, *args, **kwargs):
+        raise ValueError("KDAKernel.target_verify: SGLang's target-verify (per-draft states into a scratch buffer, "
+                         "tree parents) is not supported by pykda; pykda's speculative decode is "
+                         "fused_recurrent_kda's 2-D state_indices with num_accepted_tokens")
