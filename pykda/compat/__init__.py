@@ -1,2 +1,8 @@
 """Serving engines' own KDA call signatures over pykda's ops, so that an engine's call site
-switches by its import alone: `pykda.compat.sglang`."""
+switches by its import alone: `pykda.compat.sglang`, `pykda.compat.vllm`."""
+
+
+def no_extra(name: str, kwargs: dict) -> None:
+    """Refuse, by name, the arguments of an engine's call that pykda does not take."""
+    if kwargs:
+        raise ValueError(f"{name}: arguments pykda does not take: {', '.join(sorted(kwargs))}")

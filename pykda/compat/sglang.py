@@ -18,15 +18,11 @@ from __future__ import annotations
 
 from ..ops.kda import chunk_kda as _chunk_kda
 from ..ops.kda_decode import fused_recurrent_kda as _fused_recurrent_kda
+from . import no_extra
 
 SOFTPLUS_THRESHOLD_MIN = 15.0   # pykda's softplus is exact to fp32 there (kda_math.cuh); a lower threshold is not
 SGLANG_CHUNK = 64               # SGLang's chunk: the spacing of its intermediate states
 SOFTPLUS_THRESHOLD = 20.0       # what SGLang's KDA decode passes
-
-
-def _no_extra(name: str, kwargs: dict) -> None:
-    if kwargs:
-        raise ValueError(f"{name}: arguments pykda does not take: {', '.join(sorted(kwargs))}")
 
 
 def _gate_flags(A_log, lower_bound) -> dict:
@@ -48,7 +44,7 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
     `output_intermediate_states`, (o, h): h the state before every 64-token chunk of each
     sequence, [1, Σ ceil(len / 64), H, V, K] in the states' dtype (with cu_seqlens their number
     is read from a host copy of it: a synchronisation, as SGLang's own chunk indices make)."""
-    _no_extra("chunk_kda", kwargs)
+    no_extra("chunk_kda", kwargs)
     if initial_state is None and initial_state_indices is not None:
         raise ValueError("initial_state_indices is given without initial_state (the pool)")
     pool = dict(initial_state=initial_state)
@@ -79,7 +75,7 @@ def fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta: flo
     β logits `b` (reshaping to [B, T, H]); Kimi Linear's gate -exp(A_log) · softplus(a + dt_bias)
     (or, with `lower_bound`, the bounded one); the pool `initial_state_source` [P, H, V, K] advanced
     in place at rows `initial_state_indices` [N]. Returns o [B, T, H, V]."""
-    _no_extra("fused_sigmoid_gating_delta_rule_update", kwargs)
+    no_extra("fused_sigmoid_gating_delta_rule_update", kwargs)
     if not is_kda:
         raise ValueError("is_kda=False is SGLang's gated delta net (a scalar gate per head): pykda runs KDA only")
     if softplus_beta != 1.0 or softplus_threshold < SOFTPLUS_THRESHOLD_MIN:
@@ -107,7 +103,7 @@ def fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta: flo
 
 def _none_only(name: str, kwargs: dict) -> None:
     """Options SGLang's backend passes to every kernel (None where off): refused by name when set."""
-    _no_extra(name, {n: x for n, x in kwargs.items() if x is not None})
+    no_extra(name, {n: x for n, x in kwargs.items() if x is not None})
 
 
 class KDAKernel:
