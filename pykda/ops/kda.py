@@ -196,7 +196,7 @@ def plan_kda(p: KdaProblem, sm_count: int, warps: int | None = None, stages: int
     splits covers ~all SMs (90%; 16 rows minimum)."""
     K, C = p.head_dim, p.chunk
     if segment_chunks is not None:
-        if isinstance(segment_chunks, bool) or not isinstance(segment_chunks, (int, np.integer)) or segment_chunks < 0:
+        if not is_int(segment_chunks) or segment_chunks < 0:
             raise ValueError(f"segment_chunks must be a non-negative int (0: no segments); got {segment_chunks!r}")
         segment_chunks = int(segment_chunks)
     segments = plan_segments(p, sm_count, segment_chunks, longest, rank)
@@ -598,7 +598,7 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
     every = 0
     if return_intermediate_states or intermediate_states is not None:
         every = default_every if checkpoint_every is None else checkpoint_every
-        if isinstance(every, bool) or not isinstance(every, (int, np.integer)):
+        if not is_int(every):
             raise ValueError(f"checkpoint_every must be an int (tokens); got {checkpoint_every!r}")
         every = int(every)
         if every <= 0:

@@ -25,7 +25,7 @@ from ..runtime import arrays as device_arrays
 from ..runtime.arrays import CallArrays, DeviceArray, is_torch_tensor
 from . import decode
 from .checks import (Memo, check_aligned, check_dtype, check_inner_contiguous, check_ndim,
-                     check_same_device, check_shape, check_stages, resolve_scale)
+                     check_same_device, check_shape, check_stages, is_int, resolve_scale)
 
 PAGE_SIZES = (1, 8, 16, 32, 64, 128)
 MAX_ROWS = (1 << 31) - 1   # the kernel's rows per request are int32, never clamped below this
@@ -293,8 +293,7 @@ class BatchDecodeWithPagedKVCache:
         batch = rows.shape[0]
         longest = int(rows.max()) if batch else 0
         if max_kv_len is not None:
-            if isinstance(max_kv_len, bool) or not isinstance(max_kv_len, (int, np.integer)) or \
-                    not longest <= max_kv_len <= MAX_ROWS:
+            if not is_int(max_kv_len) or not longest <= max_kv_len <= MAX_ROWS:
                 raise ValueError(f"max_kv_len must be an int from the longest request's rows ({longest}) to "
                                  f"{MAX_ROWS}; got {max_kv_len!r}")
             longest = int(max_kv_len)
