@@ -985,6 +985,16 @@ def test_fla_s_chunk_sizes_space_the_checkpoints_as_fla_does(offline, chunk_size
     assert rec[4][-2] == every // kernel_chunk
 
 
+@pytest.mark.parametrize("bad", [16.0, True, "16"])
+def test_chunk_size_must_be_an_int(offline, bad):
+    """(a float equal to 16 would reach the templates as 16.0)"""
+    a = good(B=2, T=200, H=2, K=64)
+    a["chunk_size"] = bad
+    with pytest.raises(ValueError, match=f"chunk_size must be one of .*got {bad!r}"):
+        pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a))
+    assert offline == []
+
+
 def test_chunk_size_64_runs_the_default_kernels(offline):
     a = good(B=2, T=200, H=2, K=64)
     pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a))

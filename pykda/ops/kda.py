@@ -515,7 +515,7 @@ def kernel_chunk(chunk_size) -> tuple[int, int]:
     """The kernels' chunk for a call's `chunk_size` (pykda's 16 or 32, or fla's 32 or 64: fla's
     64 runs chunks of 16) and the spacing of its checkpoints by default: fla's chunk (32 for 32,
     else 64 tokens)."""
-    if chunk_size not in CHUNK_SIZES + FLA_CHUNKS:
+    if not is_int(chunk_size) or chunk_size not in CHUNK_SIZES + FLA_CHUNKS:
         raise ValueError(f"chunk_size must be one of {CHUNK_SIZES} (the kernels' chunk) or fla's {FLA_CHUNKS}; "
                          f"got {chunk_size!r}")
     return (chunk_size if chunk_size in CHUNK_SIZES else CHUNK_SIZES[0],
