@@ -736,7 +736,7 @@ def test_opcheck_with_the_kernels():
               **kimi)),
         (torch.ops.pykda.chunk_kda, tuple(x[n + "3"] for n in ("q", "k", "v", "g", "beta")),
          dict(A_log=x["A_log3"], dt_bias=x["dt_bias3"], cu_seqlens=x["cu"], return_intermediate_states=True,
-              intermediate_states=torch.empty(1, 3, 2, 128, 128), **kimi)),
+              intermediate_states=torch.empty(1, 3, 2, 128, 128, device="cuda"), **kimi)),
         (torch.ops.pykda.fused_recurrent_kda, tuple(x[n + "4"] for n in ("q", "k", "v", "g", "beta")),
          dict(A_log=x["A_log4"], dt_bias=x["dt_bias4"], initial_state=x["pool"], state_indices=x["rows4"], **kimi)),
     ]
