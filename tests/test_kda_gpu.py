@@ -227,7 +227,7 @@ def test_cuda_graph_capture_and_replay():
 def test_bad_inputs_raise_before_launch():
     x, _ = make(1, 32, 2, 128, seed=14)
     with pytest.raises(ValueError, match="chunk_size must be one of"):
-        run(x, chunk_size=64)
+        run(x, chunk_size=48)
     with pytest.raises(TypeError, match="q must have dtype bfloat16"):
         run(dict(x, q=x["q"].half()))
     with pytest.raises(TypeError, match="q must be a CUDA tensor"):
@@ -311,10 +311,10 @@ def unbounded_inputs(T, H, K, seed, dt_bias_scale=3.0):
 
 
 # out tolerance: the bf16 rounding of the exact output alone is 1.66e-3 (rel-L2) on these inputs;
-# with dt_bias ~ 3·randn (decays near 0 on some key dims, near 1 on others, every chunk on the
-# growth-free form) the kernels' own error adds up to 2.3e-3 in all (measured: 2.21-2.32e-3)
+# with S·qdᵀ and S·kdᵀ in fp16 the kernels add little to it (CPU emulation, docs/studies/kda_rounding:
+# 1.71-1.72e-3; with bf16 operands it was 2.21-2.32e-3 measured on the H200)
 @pytest.mark.parametrize("C", [16, 32])
-@pytest.mark.parametrize("dt_bias_scale, out_tol", [(0.1, 2e-3), (3.0, 2.5e-3)])
+@pytest.mark.parametrize("dt_bias_scale, out_tol", [(0.1, 2e-3), (3.0, 2e-3)])
 def test_unbounded_gate_accuracy(C, dt_bias_scale, out_tol):
     x, s0 = unbounded_inputs(4096, 8, 128, seed=21, dt_bias_scale=dt_bias_scale)
     a = reference.kda_gate(f64(x["g"]), f64(x["A_log"]), f64(x["dt_bias"]), None, "softplus")

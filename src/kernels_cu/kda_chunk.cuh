@@ -8,8 +8,8 @@
 // copy. [C][K] matrices of 16-bit values have 16-byte chunks XOR-swizzled by row (kda_swz),
 // so that ldmatrix of 8 rows hits 8 different bank groups.
 template <int K, int C> struct KdaRecord {
-  static constexpr int QD = 0;                     // bf16 [C][K]  scale·q̂·2^G
-  static constexpr int KD = QD + C * K * 2;        // bf16 [C][K]  k̂·2^G
+  static constexpr int QD = 0;                     // fp16 [C][K]  scale·q̂·2^G
+  static constexpr int KD = QD + C * K * 2;        // fp16 [C][K]  k̂·2^G
   static constexpr int KR = KD + C * K * 2;        // fp16 [C][K]  k̂·2^(G_C - G)
   static constexpr int AB = KR + C * K * 2;        // fp16 [C][C]  (I + L)^-1 · diag(β)
   static constexpr int MQK = AB + C * C * 2;       // fp16 [C][C]  lower_incl(qd · kiᵀ)
