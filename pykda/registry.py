@@ -1,7 +1,8 @@
 """The registered specializations of each kernel family, for offline compilation.
 
 A family's specializations are the ones its planner picks for a set of reference problems
-on an H200 (132 SMs, 228 KB of shared memory per SM): PERF.md's shapes and the test shapes.
+on an H200 (132 SMs, 228 KB of shared memory per SM): PERF.md's shapes and the test shapes
+(decode's: every kernel its planner can pick, few now that the chunk is a kernel argument).
 """
 from __future__ import annotations
 
@@ -13,24 +14,17 @@ H200_SMS, H200_SMEM_PER_SM = 132, 233472
 
 
 def decode_specs(arch: str) -> Iterator[KernelSpec]:
+    """Every kernel the decode planner can pick at its default stages: the chunk is a kernel
+    argument, so a kernel is a head dim, a dtype, split or not, and a cache (padded, or paged with
+    each page size of pykda.BatchDecodeWithPagedKVCache, gathered below 16 rows)."""
     from .ops.decode import DTYPES, HEAD_DIMS, DecodeProblem, decode_spec, plan_decode
-    problems = [DecodeProblem(s, 32, hkv, 128, "bfloat16")
-                for hkv in (32, 8) for s in (8192, 16384, 32768, 65536, 131072, 131073)]
-    problems += [DecodeProblem(s, hq, hkv, d, dt) for d in HEAD_DIMS for dt in DTYPES
-                 for s in (1, 1000, 8192, 131073) for hq, hkv in ((32, 32), (32, 8), (8, 1))]
-    problems += [DecodeProblem(s, 32, 8, 128, "bfloat16", b) for b, s in ((64, 4096), (256, 1024), (8, 32768))]
-    problems += [DecodeProblem(s, hq, hkv, d, dt, b) for d in HEAD_DIMS for dt in DTYPES for b in (3, 8)
-                 for s in (17, 1000, 8192) for hq, hkv in ((32, 8), (8, 8), (8, 1))]
-    for p in problems:
-        yield decode_spec(p, plan_decode(p, H200_SMS, H200_SMEM_PER_SM), arch)
-    # paged caches (pykda.BatchDecodeWithPagedKVCache): every page size, head dim and dtype at a
-    # test shape, and the bench's batches
     from .ops.paged_decode import PAGE_SIZES
-    paged = [DecodeProblem(1000, 32, 8, d, dt, 8) for d in HEAD_DIMS for dt in DTYPES]
-    paged += [DecodeProblem(s, 32, 8, 128, "bfloat16", b) for b, s in ((64, 4096), (256, 1024), (8, 32768))]
-    for p in paged:
-        for page in PAGE_SIZES:
-            yield decode_spec(p, plan_decode(p, H200_SMS, H200_SMEM_PER_SM), arch, page)
+    for page in (0,) + PAGE_SIZES:
+        for d in HEAD_DIMS:
+            for dt in DTYPES:
+                for s in (1, 131073):   # one chunk; split
+                    p = DecodeProblem(s, 32, 8, d, dt)
+                    yield decode_spec(p, plan_decode(p, H200_SMS, H200_SMEM_PER_SM), arch, page)
 
 
 def kda_decode_specs(arch: str) -> Iterator[KernelSpec]:

@@ -170,6 +170,20 @@ def test_split_batch_is_one_launch_that_merges_by_ticket(offline, layout):
     assert offline["maps"] == [(n, (d, hkv, S, B), (head, row, S * hkv * d * 2), (64, 1, plan.block_n, 1)) for n in "kv"]
 
 
+@pytest.mark.parametrize("chunk_size", [None, 192, 1664])
+def test_the_chunk_is_the_last_argument(offline, chunk_size):
+    """The plan's chunk reaches the kernel as its last argument (an int; every other argument
+    keeps its place), any multiple of the tile, the planner's (26 tiles here) or asked for."""
+    B, S, hq, hkv, d = 1, 50000, 64, 8, 128
+    q, k, v = arr((B, hq, d)), arr((B, S, hkv, d)), arr((B, S, hkv, d))
+    decode.flash_decode(q, k, v, batched=True, chunk_size=chunk_size)
+    rows = chunk_size or 1664
+    ((_, grid, _, _, args, spec),) = offline["launches"]
+    assert grid == (S // rows, hkv, B) and args[-1] == rows and type(args[-1]) is np.int32
+    assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", spec.param_dict)
+    assert len(args) == len(decode.KERNEL_SIGNATURE) == 27
+
+
 def test_split_decode_takes_one_workspace_from_q_counters_first_and_zeroed(offline):
     B, S, hq, hkv, d = 3, 1000, 32, 8, 128
     q, k, v = arr((B, hq, d)), arr((B, S, hkv, d)), arr((B, S, hkv, d))
@@ -215,6 +229,25 @@ def test_bad_layout_raises_before_any_launch(offline):
     with pytest.raises(ValueError, match="kv_layout must be one of"):
         pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_layout="nhd")
     assert offline["launches"] == [] and offline["maps"] == []
+
+
+def test_decode_family_registers_every_kernel_the_planner_picks():
+    """One kernel per head dim, dtype, split or not and cache (padded or each page size): the
+    registry holds all 84, which cover the planner's pick for any problem and chunk."""
+    from pykda import registry
+    from pykda.ops.paged_decode import PAGE_SIZES
+    specs = registry.specs("decode", "sm_90a")
+    assert len(specs) == len(set(specs)) == len(decode.HEAD_DIMS) * len(decode.DTYPES) * 2 * (1 + len(PAGE_SIZES))
+    specs = set(specs)
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        d, dt = int(rng.choice(decode.HEAD_DIMS)), str(rng.choice(decode.DTYPES))
+        hkv, group, batch = (int(rng.choice(c)) for c in ((1, 2, 8, 32), (1, 4, 8, 32), (1, 3, 8, 64, 256)))
+        p = DecodeProblem(int(rng.integers(1, 300000)), hkv * group, hkv, d, dt, batch)
+        chunk = None if rng.random() < 0.5 else int(rng.integers(1, 64)) * decode.TILE_ROWS[d]
+        plan = plan_decode(p, **H200, chunk_size=chunk)
+        for page in (0,) + PAGE_SIZES:
+            assert decode.decode_spec(p, plan, "sm_90a", page) in specs, (p, chunk, page)
 
 
 def test_decode_family_registers_batch_shapes():

@@ -82,12 +82,14 @@ def test_matches_reference(S, B, layout, hq, hkv, d, dtype):
     check(o, lse, ref(q, k, v, lens), lens, dtype)
 
 
-def test_split_sequences_of_different_lengths_and_scale():
-    """A forced small chunk: sequences of 0, 1, 64, 65 and 1000 rows take 1..16 chunks each."""
+@pytest.mark.parametrize("chunk_size", [64, 192])   # 192: 3 tiles, not a power of two
+def test_split_sequences_of_different_lengths_and_scale(chunk_size):
+    """A forced small chunk: sequences of 0, 1, 64, 65 and 1000 rows take 1..16 chunks each (1..5 of 192)."""
     lens = [0, 1, 64, 65, 1000]
     q, k, v = make(5, 1000, 16, 4, 128, "bfloat16", lens, seed=1)
     kv_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    o, lse = pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_lens=kv_lens, scale=0.3, return_lse=True, chunk_size=64)
+    o, lse = pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_lens=kv_lens, scale=0.3, return_lse=True,
+                                                     chunk_size=chunk_size)
     check(o, lse, ref(q, k, v, lens, scale=0.3), lens, "bfloat16")
 
 

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import pykda
+from pykda.ops import decode
 from pykda.ops.decode import TILE_ROWS, DecodeProblem, plan_decode, validate_decode
 from fakes import BASE, device_array as arr
 from pykda.runtime.arrays import as_device_array
@@ -148,6 +149,85 @@ def test_plan_chunk_override_and_its_check():
         with pytest.raises(ValueError, match=f"chunk_size must be a positive multiple of 64 .*got {not_an_int!r}"):
             plan_decode(p, chunk_size=not_an_int, **H200)
     assert plan_decode(p, chunk_size=np.int64(512), **H200).n_chunks == 16
+
+
+def _waves(p, plan, sm_count=132, smem_per_sm=233472):
+    slots = sm_count * decode.ctas_per_sm(p.head_dim, plan.stages, smem_per_sm)
+    return -(-(plan.n_chunks * p.batch * p.kv_heads * plan.head_blocks) // slots)
+
+
+@pytest.mark.parametrize("S, hq, hkv, d, batch, tiles, n_chunks, waves", [
+    (50000, 64, 8, 128, 1, 26, 30, 1),    # session 11's losing shapes: 8, 16, 16 tiles in 3 waves as powers of two
+    (200000, 32, 4, 128, 1, 48, 65, 1),
+    (99999, 64, 4, 256, 1, 24, 65, 2),
+    (500000, 64, 4, 128, 2, 244, 32, 1),
+    (8192, 32, 32, 128, 1, 16, 8, 1),     # shapes the powers of two already served: their picks stay
+    (131072, 32, 8, 128, 1, 64, 32, 1),
+    (65536, 128, 8, 128, 1, 32, 32, 1),
+])
+def test_plan_takes_chunks_of_any_tile_count(S, hq, hkv, d, batch, tiles, n_chunks, waves):
+    """The chunk is a kernel argument: the planner prices every tile count, so 64/8 S=50000 D128
+    runs 30 chunks of 26 tiles (1664 rows) in one wave on an H200 rather than 97 of 8 in three."""
+    p = DecodeProblem(S, hq, hkv, d, "bfloat16", batch)
+    plan = plan_decode(p, **H200)
+    assert (plan.chunk, plan.n_chunks, _waves(p, plan)) == (tiles * TILE_ROWS[d], n_chunks, waves)
+
+
+def _every_tile_count(p, sm_count=132, smem_per_sm=233472):
+    """The planner's cost priced at every tile count from 1 (up to the first of one chunk): the
+    least cost's smallest tile count."""
+    bn, stages = TILE_ROWS[p.head_dim], decode.DEFAULT_STAGES[p.head_dim]
+    n_tiles, units = -(-p.kv_len // bn), p.batch * p.kv_heads * p.head_blocks
+    slots = sm_count * decode.ctas_per_sm(p.head_dim, stages, smem_per_sm)
+    best = None
+    for tiles in range(1, n_tiles + 1):
+        n_chunks = max(1, p.kv_len // (tiles * bn))
+        last = n_tiles - (n_chunks - 1) * tiles
+        cost = -(-(n_chunks * units) // slots) * (min(tiles, last) + 1.5) + max(0, last - tiles)
+        cost += 2.0 + n_chunks / 16 if n_chunks > 1 else 0
+        if best is None or cost < best[0]:
+            best = (cost, tiles)
+        if n_chunks == 1:
+            break
+    return best[1] * bn
+
+
+def test_plan_is_the_scan_of_every_tile_count():
+    """`chunk_tile_counts` prices the ends of each run of one chunk count only: the same pick."""
+    rng = np.random.default_rng(13)
+    for _ in range(400):
+        d = int(rng.choice(decode.HEAD_DIMS))
+        hkv, group, batch = (int(rng.choice(c)) for c in ((1, 2, 4, 8, 32), (1, 2, 4, 8, 32), (1, 1, 2, 3, 8, 64)))
+        S = int(rng.integers(1, int(rng.choice((300, 20000, 400000)))))
+        p = DecodeProblem(S, hkv * group, hkv, d, "bfloat16", batch)
+        assert plan_decode(p, **H200).chunk == _every_tile_count(p), p
+    for S in (1, 63, 64, 65, 127, 128, 129, 1000, 4096, 50000):
+        assert list(decode.chunk_tile_counts(S, 64)) == sorted(set(decode.chunk_tile_counts(S, 64)))
+
+
+def test_plan_of_the_longest_rows_is_quick_and_fits_an_int():
+    """A paged plan's rows go up to 2^31 - 1 (max_kv_len): O(sqrt(tiles)) prices, a chunk within int32."""
+    import time
+    for hkv, batch in ((1, 1), (8, 3)):
+        p = DecodeProblem((1 << 31) - 1, 32, hkv, 128, "bfloat16", batch)
+        t0 = time.perf_counter()
+        plan = plan_decode(p, **H200)
+        assert time.perf_counter() - t0 < 2.0
+        assert 0 < plan.chunk < 1 << 31 and plan.n_chunks * plan.chunk <= p.kv_len
+
+
+def test_any_chunk_size_override_is_one_kernel():
+    """chunk_size= takes any multiple of the tile (192 rows: 3 tiles), and every split chunk runs
+    the one kernel (the chunk is its last argument, not a template constant)."""
+    p = DecodeProblem(50000, 64, 8, 128, "bfloat16")
+    plan = plan_decode(p, chunk_size=192, **H200)
+    assert (plan.chunk, plan.n_chunks) == (192, 50000 // 192)
+    specs = {decode.decode_spec(p, plan_decode(p, chunk_size=c, **H200), "sm_90a") for c in (192, 512, 1664, 4096)}
+    assert specs == {decode.decode_spec(p, plan_decode(p, **H200), "sm_90a")}
+    assert "CHUNK" not in decode.decode_spec(p, plan, "sm_90a").param_dict
+    for too_large in (1 << 31, (1 << 31) + 64):
+        with pytest.raises(ValueError, match=r"chunk_size must be a positive multiple of 64 .*below 2\^31"):
+            plan_decode(p, chunk_size=too_large, **H200)
 
 
 # ---- scalar options shared by the ops ----

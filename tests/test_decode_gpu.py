@@ -73,7 +73,9 @@ def test_scale_and_lse_shape():
     assert np.abs(lse.cpu().numpy() - lse_ref).max() < 2e-3
 
 
-@pytest.mark.parametrize("chunk_size, stages", [(64, 2), (128, 4), (1024, 3), (4096, 2), (1 << 20, 3)])
+# chunks of any tile count (the chunk is a kernel argument): 192 = 3 tiles, 1664 = 26, 960 = 15
+@pytest.mark.parametrize("chunk_size, stages", [(64, 2), (128, 4), (1024, 3), (4096, 2), (1 << 20, 3), (192, 3),
+                                                (1664, 3), (960, 4)])
 def test_planner_overrides_give_the_same_answer(chunk_size, stages):
     q, k, v = make(5000, 32, 8, 128, "bfloat16", seed=2)
     o, lse = pykda.single_decode_with_kv_cache(q, k, v, chunk_size=chunk_size, stages=stages, return_lse=True)

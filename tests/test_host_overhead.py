@@ -356,13 +356,13 @@ def test_stubbed_single_decode_reads_the_call_values():
             calls.append((q, k, v, o, lse))
         assert len(decode.PREPARED.results) == 1
         call = decode.PREPARED.last[1]
-    assert call.plan.split and len(seen) == 2 == len(gpu.memsets)
+    assert call.plan.split and call.plan.chunk == 128 and len(seen) == 2 == len(gpu.memsets)
     for (_, params, geometry), (q, k, v, o, lse) in zip(seen, calls):
         assert geometry == ((call.plan.n_chunks, hkv, 1), ((decode.WARPS + 1) * 32, 1, 1), call.plan.smem, 0)
         assert params[:6] == [q.data_ptr(), 0, D, tensor_map(k.data_ptr()), tensor_map(v.data_ptr()), 0]
         assert params[6:11] == [S, hq // hkv, hq // hkv, 1, float(np.float32(D ** -0.5))]
         assert params[11:15] == _workspace(call, gpu.memsets) + [o.data_ptr()]
-        assert params[15:] == [0, D, lse.data_ptr(), 0, 0, k.data_ptr(), v.data_ptr(), 0, 0, 0, 0]
+        assert params[15:] == [0, D, lse.data_ptr(), 0, 0, k.data_ptr(), v.data_ptr(), 0, 0, 0, 0, 128]
 
 
 def test_stubbed_padded_batch_decode_reads_the_call_values():
@@ -391,7 +391,7 @@ def test_stubbed_padded_batch_decode_reads_the_call_values():
                               lens.data_ptr()]
         assert params[6:11] == [S, hq, 16, 2, float(np.float32(D ** -0.5))]
         assert params[11:] == [0, 0, 0, out.data_ptr(), *out.stride()[:2], 0, 0, 0, k.data_ptr(), v.data_ptr(), 0, 0,
-                               0, 0]
+                               0, 0, 256]   # the chunk asked for, last
 
 
 @pytest.mark.parametrize("page_size", [8, 16])   # pages gathered (no tensor maps), pages read by TMA
@@ -431,7 +431,7 @@ def test_stubbed_paged_run_reads_the_call_values(page_size):
         assert params[11:15] == _workspace(call, gpu.memsets) + [o.data_ptr()]
         assert params[15:22] == [hq * D, D, lse.data_ptr(), tables + 4 * len(lens), indices.data_ptr(), k.data_ptr(),
                                  v.data_ptr()]
-        assert params[22:] == [num_pages, *k.stride()[:3]]
+        assert params[22:] == [num_pages, *k.stride()[:3], 64]   # the pages' count and strides, then the chunk
     assert gpu.memsets == []   # one per split launch, each checked
 
 

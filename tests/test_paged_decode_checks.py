@@ -222,8 +222,10 @@ def test_max_kv_len_fixes_the_split_as_requests_grow(offline):
         dec.run(arr((3, hq, d)), *caches())
     assert len(set(layouts)) == 1 and layouts[0].max_rows == 4096
     p = decode.DecodeProblem(4096, hq, hkv, d, "bfloat16", 3)
-    grids = {launch[1] for launch in offline["launches"]}
-    assert grids == {(decode.plan_decode(p, **H200).n_chunks, hkv, 3)}, "the split of 4096 rows, each time"
+    plan = decode.plan_decode(p, **H200)
+    grids = {(launch[1], launch[4][-1], launch[5]) for launch in offline["launches"]}   # grid, chunk, kernel
+    assert grids == {((plan.n_chunks, hkv, 3), plan.chunk, decode.decode_spec(p, plan, "sm_90a", 16))}, \
+        "the split of 4096 rows, each time"
     assert planned([100, 0, 33], hq, hkv, d)._layout.max_rows == 100, "without it: the longest request"
     for bad in (99, 1 << 31, 100.0, True):
         with pytest.raises(ValueError, match=r"max_kv_len must be an int from the longest request's rows \(100\)"):
@@ -252,7 +254,7 @@ def test_run_is_one_launch_with_the_page_table(offline, page_size, layout):
     assert args[5] == TABLES and args[6] == paged_decode.MAX_ROWS, "rows per request from the plan, never clamped"
     assert args[18:22] == (TABLES + 4 * B, INDICES, K, V)
     page, row, head = (page_size * hkv * d, hkv * d, d) if layout == "NHD" else (hkv * page_size * d, d, page_size * d)
-    assert args[22:] == (P, page, row, head)
+    assert args[22:] == (P, page, row, head, 128), "the pages' count and strides, then the chunk"
     if page_size < 16:   # gathered: no tensor maps
         assert offline["maps"] == [] and args[3] == args[4] == bytes(128)
     else:   # (head_dim, kv_heads, page_size, num_pages) in boxes of a page's rows, at most a tile

@@ -117,9 +117,10 @@ def test_compile_cli_prints_one_line_per_kernel(cache_dir):
 
 def test_render_cli_prints_source():
     r = subprocess.run([sys.executable, "-m", "pykda", "render", "decode", "D=128", "DTYPE=bf16_t", "BLOCK_N=64",
-                        "STAGES=3", "CHUNK=1024", "WARPS=4", "SPLIT=True"], cwd=ROOT,
+                        "STAGES=3", "WARPS=4", "SPLIT=True"], cwd=ROOT,
                        capture_output=True, text=True, check=True)
-    assert "constexpr int D = 128;" in r.stdout and "constexpr int CHUNK = 1024;" in r.stdout
+    assert "constexpr int D = 128;" in r.stdout and "int chunk_rows)" in r.stdout, "the chunk is an argument"
+    assert "CHUNK" not in r.stdout
 
 
 def test_demo_without_gpu_shows_offline_compile(cache_dir):

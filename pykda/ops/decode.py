@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 import numpy as np
 
@@ -56,7 +56,7 @@ class DecodeProblem(NamedTuple):
 
 @dataclass(frozen=True)
 class DecodePlan:
-    chunk: int            # KV rows per CTA
+    chunk: int            # KV rows per CTA (a kernel argument: any multiple of block_n)
     block_n: int          # KV rows per pipeline tile
     stages: int
     n_chunks: int
@@ -83,15 +83,39 @@ def ctas_per_sm(head_dim: int, stages: int, smem_per_sm: int) -> int:
     return max(1, min(by_smem, by_regs))
 
 
+MAX_CHUNK_ROWS = (1 << 31) - 1   # the kernel's chunk_rows is an int
+
+
+def chunk_tile_counts(kv_len: int, block_n: int) -> Iterator[int]:
+    """The tile counts t that `plan_decode` prices, increasing, up to the first that makes one
+    chunk: the first and last t of each run of t with the same chunk count n = kv_len // (t ·
+    block_n). Within a run the cost is linear in t (waves · (t + 1.5) + n_tiles - n · t + the
+    merge, the waves and the merge fixed by n), so its least is at an end, and at the first where
+    the whole run ties: the pick of pricing every t from 1, in O(sqrt(kv_len / block_n)) steps
+    (a paged plan may be for 2^31 - 1 rows)."""
+    t = 1
+    while True:
+        n_chunks = kv_len // (t * block_n)
+        yield t
+        if n_chunks <= 1:
+            return
+        last_of_run = kv_len // (n_chunks * block_n)
+        if last_of_run > t:
+            yield last_of_run
+        t = last_of_run + 1
+
+
 @functools.lru_cache(maxsize=1024)
 def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: int | None = None,
                 stages: int | None = None) -> DecodePlan:
     """Choose the chunk size so that every SM has work and the last wave is full.
 
-    Candidate chunks are powers of two times the tile (few specializations as sequences grow);
-    a sequence has kv_len // chunk chunks, the last taking the remainder. Cost, in tile times:
+    Candidate chunks are any whole number of tiles, from one tile to the first count that makes
+    the sequence one chunk (the chunk is a kernel argument: one kernel serves them all); a
+    sequence has kv_len // chunk chunks, the last taking the remainder. Cost, in tile times:
     waves x (tiles per chunk + a tile and a half of prologue/epilogue) + the last chunk's extra
-    tiles + the last CTA's merge of the chunks when split.
+    tiles + the last CTA's merge of the chunks when split; the least cost's smallest chunk wins
+    (`chunk_tile_counts` prices only the tile counts where it can be).
     """
     stages = stages or DEFAULT_STAGES[p.head_dim]
     heads_per_cta = min(p.group, MAX_HEADS_PER_CTA)
@@ -100,14 +124,14 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
     block_n = TILE_ROWS[p.head_dim]
     n_tiles = -(-p.kv_len // block_n)
     if chunk_size is not None:
-        if not is_int(chunk_size) or chunk_size <= 0 or chunk_size % block_n:
+        if not is_int(chunk_size) or not 0 < chunk_size <= MAX_CHUNK_ROWS or chunk_size % block_n:
             raise ValueError(f"chunk_size must be a positive multiple of {block_n} (the tile rows for "
-                             f"head_dim {p.head_dim}); got {chunk_size!r}")
+                             f"head_dim {p.head_dim}) below 2^31; got {chunk_size!r}")
         tiles = chunk_size // block_n
     else:
         slots = sm_count * ctas_per_sm(p.head_dim, stages, smem_per_sm)
         best = None
-        for tiles in (1 << i for i in range(max(1, n_tiles).bit_length() + 1)):
+        for tiles in chunk_tile_counts(p.kv_len, block_n):
             n_chunks = max(1, p.kv_len // (tiles * block_n))
             last = n_tiles - (n_chunks - 1) * tiles        # tiles of each sequence's last chunk
             waves = -(-(n_chunks * units) // slots)
@@ -126,10 +150,11 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
 
 @functools.lru_cache(maxsize=1024)
 def decode_spec(p: DecodeProblem, plan: DecodePlan, arch: str, page_size: int = 0) -> runtime.KernelSpec:
-    """The kernel of `plan`; `page_size` > 0 reads a paged cache (gathered below TMA_MIN_PAGE rows)."""
+    """The kernel of `plan` (whatever its chunk: an argument); `page_size` > 0 reads a paged cache
+    (gathered below TMA_MIN_PAGE rows)."""
     return runtime.KernelSpec.make("decode", {
         "D": p.head_dim, "DTYPE": CTYPES[p.dtype], "BLOCK_N": plan.block_n, "STAGES": plan.stages,
-        "CHUNK": plan.chunk, "WARPS": WARPS, "SPLIT": plan.split, "PAGE": page_size,
+        "WARPS": WARPS, "SPLIT": plan.split, "PAGE": page_size,
         "GATHER": 0 < page_size < TMA_MIN_PAGE}, arch, kernels=("decode_partial",))
 
 
@@ -217,10 +242,11 @@ def validate_decode(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceA
 # the kernel's parameters, in order, as `runtime.signature` gives them: q and its (batch, head)
 # strides, the K and V tensor maps, kv_lens, kv_len, group, heads per CTA, head blocks, scale, the
 # split workspace (partial o, partial lse, tickets), out and its strides, lse; then a paged cache's
-# page table (kv_indptr, kv_indices), K and V, and the pages' count and (page, row, head) strides
+# page table (kv_indptr, kv_indices), K and V, and the pages' count and (page, row, head) strides;
+# last, the plan's chunk (KV rows per CTA)
 KERNEL_SIGNATURE = (int, np.int64, np.int64, 128, 128, int, np.int32, np.int32, np.int32, np.int32, np.float32,
                     int, int, int, int, np.int64, np.int64, int, int, int, int, int, np.int32, np.int64, np.int64,
-                    np.int64)
+                    np.int64, np.int32)
 # what a call gives its launch anew (runtime.CallValues), in this order (the kernel's names); all else
 # is the prepared call's
 CALL_VALUES = ("q", "k_map", "v_map", "kv_lens", "ws_o", "ws_lse", "counters", "out", "lse", "kv_indptr",
@@ -299,15 +325,16 @@ def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q:
                 batched: bool, k_maps, v_maps, scale: float, max_rows: int, pages: tuple = NO_PAGES) -> DecodeCall:
     """The prepared call of `plan`: the kernel of `spec` (compiled on first use) bound to its
     constants: q's and out's row strides (out given, or new and contiguous), the row
-    parameters (`row_params`) and a paged cache's page count and strides (`pages`). `k_maps`,
-    `v_maps`: the tensor maps of K and V by address (TiledMaps)."""
+    parameters (`row_params`), a paged cache's page count and strides (`pages`) and the plan's
+    chunk (the last argument). `k_maps`, `v_maps`: the tensor maps of K and V by address
+    (TiledMaps)."""
     rows = (p.batch, p.q_heads) if batched else (p.q_heads,)
     out_strides = out.strides if out is not None else contiguous_strides(rows + (p.head_dim,))
     at = PER_CALL   # at["q"]: the argument the launch reads from the call's value "q"
     args = (at["q"], *row_strides(q.strides, batched), at["k_map"], at["v_map"], at["kv_lens"],
             *row_params(p, plan, scale, max_rows), at["ws_o"], at["ws_lse"], at["counters"], at["out"],
             *row_strides(out_strides, batched), at["lse"], at["kv_indptr"], at["kv_indices"], at["k_cache"],
-            at["v_cache"], *pages)
+            at["v_cache"], *pages, np.int32(plan.chunk))
     values = runtime.CallValues(CALL_SIGNATURE)
     launch = bound_launch(spec, q.device, values, "decode_partial", KERNEL_SIGNATURE, args,
                           (plan.n_chunks, p.kv_heads, p.batch * plan.head_blocks), (WARPS + 1) * 32, plan.smem)
