@@ -417,7 +417,9 @@ H200_SMS = 132
 
 @pytest.mark.parametrize("B, T, H, K, N, varlen, warps", [
     (1, 8192, 64, 128, 1, False, 4),     # 64 heads x 2 splits = 128 CTAs
-    (1, 8192, 96, 128, 1, False, 4),     # 96 x 2 = 192
+    (1, 8192, 96, 128, 1, False, 2),     # 96 x 2 = 192 fills 60 SMs twice, 72 once: 96 x 4 = 384 evenly
+    (2, 8192, 96, 128, 2, False, 4),     # likewise, from 8 warps (2 x 96 CTAs)
+    (1, 8192, 40, 128, 1, False, 2),     # 40 x 4 = 160: 1 warp would even it out, but is not tried
     (1, 8192, 64, 128, 6, True, 8),      # 384 sequence-heads: no split needed
     (1, 32768, 8, 128, 1, False, 1),     # 8 x 8 = 64: as fine as it goes
     (1, 32768, 32, 128, 1, False, 2),    # 32 x 4 = 128

@@ -190,10 +190,24 @@ def plan_segments(p: "KdaProblem", sm_count: int, segment_chunks: int | None, lo
     return KdaSegments(segment_chunks, 0, p.batch * per, p.batch * (per - 1), p.batch)
 
 
+# the recurrence at half the warps (twice the CTAs, each K-side record read by twice as many) and the
+# same wave balance: 0.84 of the speed (H200, H=64 T=8192: 2 warps 0.707 ms, 4 warps 0.594 ms)
+HALVED_WARPS_SPEED = 0.84
+
+
+def wave_balance(ctas: int, sm_count: int) -> float:
+    """How full the SMs' last round is: `ctas` spread over `sm_count` SMs, each running
+    ceil(ctas / sm_count) at most (1.0: every SM the same number)."""
+    return ctas / (sm_count * -(-ctas // sm_count))
+
+
 def plan_kda(p: KdaProblem, sm_count: int, warps: int | None = None, stages: int | None = None,
              segment_chunks: int | None = None, longest: int | None = None, rank: bool = False) -> KdaPlan:
     """Segments (plan_segments); then split V across CTAs until sequences (or segments) x heads x
-    splits covers ~all SMs (90%; 16 rows minimum)."""
+    splits covers ~all SMs (90%; 16 rows minimum), and once more where chains of one length
+    would leave the SMs' last round unevenly full (H=96: 192 CTAs on 132 SMs, 60 of them with
+    two) and twice the CTAs even it out enough to pay for the halved warps (not to one warp, nor
+    with segments, which size their own wave: unmeasured)."""
     K, C = p.head_dim, p.chunk
     if segment_chunks is not None:
         if not is_int(segment_chunks) or segment_chunks < 0:
@@ -203,7 +217,12 @@ def plan_kda(p: KdaProblem, sm_count: int, warps: int | None = None, stages: int
     if warps is None:
         options = [w for w in (8, 4, 2, 1) if 16 * w <= K]
         chains = segments.slots if segments.chunks else p.n_seq
-        warps = next((w for w in options if chains * p.heads * (K // (16 * w)) >= 0.9 * sm_count), options[-1])
+        ctas = lambda w: chains * p.heads * (K // (16 * w))   # noqa: E731
+        i = next((i for i, w in enumerate(options) if ctas(w) >= 0.9 * sm_count), len(options) - 1)
+        warps = options[i]
+        if not p.varlen and not segments.chunks and i + 1 < len(options) and options[i + 1] >= 2 and \
+                HALVED_WARPS_SPEED * wave_balance(ctas(options[i + 1]), sm_count) > wave_balance(ctas(warps), sm_count):
+            warps = options[i + 1]   # chains of one length: twice the CTAs spread evenly enough to pay
     if not is_int(warps) or warps not in (1, 2, 4, 8) or 16 * warps > K:
         raise ValueError(f"warps must be 1, 2, 4 or 8 with 16·warps <= {K}; got {warps!r}")
     stages = stages or DEFAULT_STAGES[C]
