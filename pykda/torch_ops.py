@@ -275,7 +275,7 @@ def _(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False
             raise ValueError("return_intermediate_states with cu_seqlens under torch.ops.pykda needs an "
                              "intermediate_states buffer (the number of checkpoints depends on the lengths)")
         every = _kda.kernel_chunk(chunk_size)[1] if checkpoint_every is None else checkpoint_every
-        ckpt = q.new_empty((B, -(-T // every), H, K, K), dtype=dtype)
+        ckpt = q.new_empty((B, -(-T // every), H, K, K), dtype=torch.bfloat16)   # fla's, whatever the states'
     return o, fs, ckpt
 
 

@@ -620,7 +620,7 @@ def test_segmented_launch_sequence_offline(offline, varlen):
     assert pass1[1] == (2 * 2, H, maps) and pass2[1] == (2, H, slots)   # 64-row CTAs: 2 V splits
     candidates = min((cps + N) // (2 * seg + 1) + 1, N) if varlen else B   # sequences of 3 segments or more
     assert scan[1] == (K // 16 * candidates, H, 1) and scan[2] == (2 * K, 1, 1)
-    seg_args = pass2[4][-6:-3]
+    seg_args = pass2[4][-7:-4]
     records = -(-chunks * H * record_bytes(K, 16) // 256) * 256
     assert seg_args == (seg, 0, WORKSPACE + records)   # every sequence longer than a segment splits
     assert offline.workspaces == [records + maps * H * 2 * K * K * 4]
@@ -683,21 +683,21 @@ def test_rank_slice_refuses_varlen():
 @pytest.mark.parametrize("varlen", [False, True])
 def test_checkpoints_offline(offline, varlen):
     """return_intermediate_states: a new [B, ceil(T / E), H, K, K] buffer (varlen: [1, Σ ceil(len / E),
-    ...] from cu_seqlens_cpu) in the states' dtype, its pointer, E / C and its rows as the
-    recurrence's last three arguments; the call returns it third."""
+    ...] from cu_seqlens_cpu) in bf16 (fla's, whatever the states'), its pointer, E / C, its rows
+    and its bf16 flag as the recurrence's last four arguments; the call returns it third."""
     B, T, H, K = (1, 1000, 2, 64) if varlen else (2, 1000, 2, 64)
     a = good(B=B, T=T, H=H, K=K)
     extra = {}
     if varlen:
         a["cu_seqlens"] = arr((4,), "int32")
         extra["cu_seqlens_cpu"] = [0, 100, 100, 1000]   # 2, 0 and 15 checkpoints of 64 tokens
-    a["initial_state"] = arr((3 if varlen else B, H, K, K), "bfloat16")
+    a["initial_state"] = arr((3 if varlen else B, H, K, K), "float32")
     o, fs, ckpt = pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), **extra,
                                   output_final_state=True, return_intermediate_states=True)
     assert tuple(ckpt.shape) == ((1, 17) if varlen else (B, 16)) + (H, K, K)   # ceil(1000 / 64) = 16
     assert ckpt.dtype == "bfloat16"
     rec = offline[-1]
-    assert rec[0] == "kda_recurrence" and rec[4][-3:] == (BASE * 2, 4, 17 if varlen else 32)
+    assert rec[0] == "kda_recurrence" and rec[4][-4:] == (BASE * 2, 4, 17 if varlen else 32, 1)
 
 
 def test_checkpoints_into_a_given_buffer_offline(offline):
@@ -705,7 +705,19 @@ def test_checkpoints_into_a_given_buffer_offline(offline):
     buf = arr((2, 4, 2, 64, 64), "float32", ptr=BASE * 5)   # every 32 tokens: ceil(100 / 32) = 4
     pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), intermediate_states=buf,
                     checkpoint_every=32)
-    assert offline[-1][4][-3:] == (BASE * 5, 2, 8)
+    assert offline[-1][4][-4:] == (BASE * 5, 2, 8, 0)
+
+
+def test_bf16_checkpoints_of_fp32_states_offline(offline):
+    """fla's checkpoints are bf16 whatever the states' dtype: a bf16 buffer beside fp32 states
+    sets the recurrence's bf16 flag (the states keep theirs)."""
+    a = good(B=2, T=100, H=2, K=64)
+    a["initial_state"] = arr((2, 2, 64, 64), "float32")
+    buf = arr((2, 4, 2, 64, 64), "bfloat16", ptr=BASE * 5)
+    o, fs, ckpt = pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), output_final_state=True,
+                                  intermediate_states=buf, checkpoint_every=32, return_intermediate_states=True)
+    assert ckpt is buf and fs.dtype == "float32"
+    assert offline[-1][4][-4:] == (BASE * 5, 2, 8, 1) and _recurrence_states(offline[-1])[2] == 0
 
 
 @pytest.mark.parametrize("kwargs, exc, message", [
@@ -714,8 +726,8 @@ def test_checkpoints_into_a_given_buffer_offline(offline):
     (dict(checkpoint_every=64.0), ValueError, "checkpoint_every must be an int"),
     (dict(intermediate_states=arr((2, 3, 2, 64, 64), "float32")), ValueError,
      r"intermediate_states must have shape \[N, rows, H, V, K\] = \(2, 2, 2, 64, 64\)"),
-    (dict(intermediate_states=arr((2, 2, 2, 64, 64), "bfloat16")), TypeError,
-     "intermediate_states must have dtype float32"),
+    (dict(intermediate_states=arr((2, 2, 2, 64, 64), "float16")), TypeError,
+     "intermediate_states must have dtype bfloat16 or float32; got float16"),
     (dict(intermediate_states=arr((2, 2, 64, 64), "float32")), ValueError, "intermediate_states must be 5-D"),
 ])
 def test_bad_checkpoints_are_named_before_any_launch(offline, kwargs, exc, message):
@@ -776,7 +788,7 @@ def _recurrence_states(entry):
     """kda_recurrence's initial and final state pointers, bf16 flag, index pointer, its int64
     flag, the pool rows, their stride and the has_initial_state pointer (the 8 arguments before the
     segments' and the checkpoints')."""
-    return tuple(int(x) for x in entry[4][-14:-6])
+    return tuple(int(x) for x in entry[4][-15:-7])
 
 
 @pytest.mark.parametrize("output_final_state", [False, True])
@@ -970,7 +982,7 @@ def test_a_call_by_position_reads_as_fla_s(offline):
     offline.clear()
     by_position = run(*kw.values())
     assert [entry[:5] for entry in offline] == keyed and len(by_position) == len(by_keyword) == 3
-    assert keyed[-1][4][-3:] == (BASE * 2, 4, 6)   # checkpoints every 64 tokens: 2 + 4 of them
+    assert keyed[-1][4][-4:-1] == (BASE * 2, 4, 6)   # checkpoints every 64 tokens: 2 + 4 of them
 
 
 @pytest.mark.parametrize("chunk_size, kernel_chunk, every", [(16, 16, 64), (32, 32, 32), (64, 16, 64)])
@@ -984,7 +996,7 @@ def test_fla_s_chunk_sizes_space_the_checkpoints_as_fla_does(offline, chunk_size
     assert tuple(ckpt.shape) == (2, -(-200 // every), 2, 64, 64)
     prep, rec = offline[-2], offline[-1]
     assert prep[5].param_dict["C"] == rec[5].param_dict["C"] == kernel_chunk
-    assert rec[4][-2] == every // kernel_chunk
+    assert rec[4][-3] == every // kernel_chunk
 
 
 @pytest.mark.parametrize("bad", [16.0, True, "16"])

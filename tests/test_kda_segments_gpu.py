@@ -218,15 +218,15 @@ def checkpoints_ref(x, s0, lengths, every, flags=SOFTPLUS, cu=None):
 @pytest.mark.parametrize("C, every", [(16, 64), (32, 32)])
 @pytest.mark.parametrize("K", [64, 128])
 def test_checkpoints_match_reference(K, C, every, state, seg):
-    """return_intermediate_states, fixed lengths: [B, ceil(T / E), H, V, K] in the states' dtype,
-    the serial walk and segments of 3 chunks alike."""
+    """return_intermediate_states, fixed lengths: [B, ceil(T / E), H, V, K] in bf16 (fla's)
+    whatever the states' dtype, the serial walk and segments of 3 chunks alike."""
     B, T = 2, 333
     x, s0 = make(B, T, 2, K, seed=40 + K + C + seg, state_dtype=state)
     x = long_memory(x)
     o, fs, ck = run(x, SOFTPLUS, initial_state=s0, output_final_state=True, chunk_size=C, segment_chunks=seg,
                     return_intermediate_states=True, checkpoint_every=every)
     rows = -(-T // every)
-    assert tuple(ck.shape) == (B, rows, 2, K, K) and ck.dtype == (s0.dtype if state else torch.float32)
+    assert tuple(ck.shape) == (B, rows, 2, K, K) and ck.dtype == torch.bfloat16
     expected = checkpoints_ref(x, s0, [T] * B, every)
     assert rel(ck.reshape(B * rows, 2, K, K), expected) <= 1e-2
     o1, _ = run(x, SOFTPLUS, initial_state=s0, chunk_size=C, segment_chunks=seg)
@@ -236,7 +236,7 @@ def test_checkpoints_match_reference(K, C, every, state, seg):
 @pytest.mark.parametrize("given", [False, True])
 def test_varlen_checkpoints_in_fla_packing(given):
     """cu_seqlens with lengths 1, 15, 16, 17, 0, 1000, 4099: Σ ceil(len / 64) rows in sequence order,
-    fla's layout [1, rows, H, K, V]; a given buffer (poisoned) is filled in place."""
+    fla's layout [1, rows, H, K, V], bf16; a given buffer (poisoned, fp32) is filled in place."""
     lengths = VARLEN
     x, s0 = make(1, sum(lengths), 2, 128, seed=77, state_dtype="float32", N=len(lengths))
     x = long_memory(x)
@@ -254,5 +254,30 @@ def test_varlen_checkpoints_in_fla_packing(given):
     if given:
         assert ck.data_ptr() == buf.data_ptr()
     assert tuple(ck.shape) == (1, rows, 2, 128, 128) and torch.isfinite(ck).all()
+    assert ck.dtype == (torch.float32 if given else torch.bfloat16)
     expected = checkpoints_ref(x, s0, lengths, 64, cu=cu)
     assert rel(ck[0].transpose(-1, -2), expected) <= 1e-2
+
+
+@pytest.mark.parametrize("seg", [0, 3])
+@pytest.mark.parametrize("v_first", [False, True])
+def test_bf16_checkpoints_of_fp32_states_are_the_fp32_ones_rounded(seg, v_first):
+    """A bf16 intermediate_states buffer beside fp32 states (fla's checkpoint dtype): the same
+    states as an fp32 buffer's, rounded to bf16 (nothing else of the call changes)."""
+    lengths = VARLEN
+    x, s0 = make(1, sum(lengths), 2, 128, seed=78, state_dtype="float32", N=len(lengths))
+    x = long_memory(x)
+    cu = cu_of(lengths)
+    rows = sum(-(-n // 64) for n in lengths)
+    gate = {n: x[n] for n in ("A_log", "dt_bias")}
+    results = []
+    for dtype in (torch.float32, torch.bfloat16):
+        buf = torch.full((1, rows, 2, 128, 128), float("nan"), device="cuda", dtype=dtype)
+        o, fs, ck = pykda.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], **SOFTPLUS, **gate,
+                                    initial_state=s0, cu_seqlens=cu, output_final_state=True, segment_chunks=seg,
+                                    state_v_first=v_first, intermediate_states=buf, return_intermediate_states=True)
+        assert ck.data_ptr() == buf.data_ptr() and fs.dtype == torch.float32
+        results.append((o, fs, ck))
+    (o32, fs32, ck32), (o16, fs16, ck16) = results
+    assert torch.equal(ck16, ck32.to(torch.bfloat16))
+    assert torch.equal(o16, o32) and torch.equal(fs16, fs32)

@@ -147,19 +147,19 @@ def test_fake_chunk_kda_results():
 
 
 def test_fake_chunk_kda_checkpoints():
-    """return_intermediate_states: new checkpoints [B, ceil(T / E), H, K, K] in the states' dtype
+    """return_intermediate_states: new checkpoints [B, ceil(T / E), H, K, K] in bf16, fla's
     (E: checkpoint_every, else fla's chunk: 32 with chunk_size=32, else 64), a placeholder where a
     buffer is given (the wrapper returns the buffer); with cu_seqlens their number depends on the
     lengths, so the op asks for the buffer."""
     with fake_mode():
         y = kda_inputs(2, 200, 2, 64)
         s0 = torch.empty(2, 2, 64, 64, dtype=bf16, device="cuda")
-        for kw, rows, dtype in ((dict(), 4, f32), (dict(chunk_size=32), 7, f32), (dict(checkpoint_every=16), 13, f32),
-                                (dict(initial_state=s0, chunk_size=64), 4, bf16)):
+        for kw, rows in ((dict(), 4), (dict(chunk_size=32), 7), (dict(checkpoint_every=16), 13),
+                         (dict(initial_state=s0, chunk_size=64), 4)):
             o, fs, ckpt = torch.ops.pykda.chunk_kda(**y, **KIMI, return_intermediate_states=True, **kw)
-            assert meta(ckpt) == ((2, rows, 2, 64, 64), dtype, "cuda") and fs.numel() == 0
+            assert meta(ckpt) == ((2, rows, 2, 64, 64), bf16, "cuda") and fs.numel() == 0
             o, fs, ckpt = ops.chunk_kda(**y, **KIMI, return_intermediate_states=True, **kw)
-            assert meta(ckpt) == ((2, rows, 2, 64, 64), dtype, "cuda") and fs is None
+            assert meta(ckpt) == ((2, rows, 2, 64, 64), bf16, "cuda") and fs is None
         assert len(ops.chunk_kda(**y, **KIMI)) == 2
         x = kda_inputs(1, 100, 2, 128)
         cu = torch.empty(4, dtype=torch.int32, device="cuda")
@@ -173,24 +173,18 @@ def test_fake_chunk_kda_checkpoints():
                              intermediate_states=buf)[2] is buf
 
 
-def test_fake_chunk_kda_checkpoints_take_the_final_state_buffer_s_dtype():
-    """The states' dtype is initial_state's, or without one final_state's (validate_kda): new
-    checkpoints of a call with a bf16 final_state= buffer and no initial state are bf16, as
-    the eager call makes them."""
+def test_fake_chunk_kda_checkpoints_are_bf16_whatever_the_states():
+    """New checkpoints are bf16 (fla's) with fp32 states too, as the eager call makes them, and a
+    new final state keeps the states' dtype: fp32 initial_state, then a bf16 final_state= buffer."""
     with fake_mode():
         y = kda_inputs(2, 200, 2, 64)
+        s0 = torch.empty(2, 2, 64, 64, device="cuda")
+        o, fs, ckpt = torch.ops.pykda.chunk_kda(**y, **KIMI, initial_state=s0, output_final_state=True,
+                                                return_intermediate_states=True)
+        assert meta(ckpt) == ((2, 4, 2, 64, 64), bf16, "cuda") and meta(fs) == ((2, 2, 64, 64), f32, "cuda")
         fin = torch.empty(2, 2, 64, 64, dtype=bf16, device="cuda")
-        o, fs, ckpt = torch.ops.pykda.chunk_kda(**y, **KIMI, final_state=fin, return_intermediate_states=True)
-        assert meta(ckpt) == ((2, 4, 2, 64, 64), bf16, "cuda") and fs.numel() == 0
         o, fs, ckpt = ops.chunk_kda(**y, **KIMI, final_state=fin, return_intermediate_states=True)
         assert meta(ckpt) == ((2, 4, 2, 64, 64), bf16, "cuda") and fs is fin
-    from fakes import device_array
-    from pykda.ops.kda import KdaFlags, validate_kda
-    d = lambda *s, dtype="bfloat16": device_array(s, dtype)   # noqa: E731
-    p = validate_kda(d(2, 200, 2, 64), d(2, 200, 2, 64), d(2, 200, 2, 64), d(2, 200, 2, 64), d(2, 200, 2),
-                     d(2, dtype="float32"), d(2, 64, dtype="float32"), None, None, None, None, None,
-                     d(2, 2, 64, 64), KdaFlags(**KIMI), False, 16)
-    assert p.state_dtype == "bfloat16"   # what the eager call's checkpoints are made in
 
 
 def test_fake_fused_recurrent_kda_results():
@@ -271,8 +265,7 @@ def stand_in_chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_
     if return_intermediate_states or intermediate_states is not None:
         every = checkpoint_every or 64
         if ckpt is None:
-            ckpt = torch.empty(B, -(-T // every), H, K, K, dtype=initial_state.dtype if initial_state is not None
-                               else f32)
+            ckpt = torch.empty(B, -(-T // every), H, K, K, dtype=bf16)   # fla's
         ckpt.copy_(q.float().mean() + torch.arange(ckpt.shape[1], dtype=f32).view(1, -1, 1, 1, 1))
     if state_indices is not None:
         for i, r in enumerate(state_indices.tolist()):

@@ -42,7 +42,7 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
     read and written in place at rows `initial_state_indices` [N] (without indices: row n, a
     [N, H, V, K] state updated in place). Returns o [1, T, H, V]; with
     `output_intermediate_states`, (o, h): h the state before every 64-token chunk of each
-    sequence, [1, Σ ceil(len / 64), H, V, K] in the states' dtype (with cu_seqlens their number
+    sequence, [1, Σ ceil(len / 64), H, V, K] in bf16 as SGLang's (with cu_seqlens their number
     is read from a host copy of it: a synchronisation, as SGLang's own chunk indices make)."""
     no_extra("chunk_kda", kwargs)
     if initial_state is None and initial_state_indices is not None:

@@ -375,7 +375,7 @@ def v_tensor_maps(v: DeviceArray, vs: int, chunk: int) -> runtime.TiledMaps:
 I32, I64, F32 = np.int32, np.int64, np.float32
 PREPARE_SIGNATURE = (int, I64, I64, I64) * 4 + (int, int, int, I32, I32, I32, F32, F32, int)
 RECURRENCE_SIGNATURE = (128, int, int, I32, I32, I32, int, I64, I64, I64, int, int, I32, int, I32, I32, I64, int,
-                        I32, I32, int, int, I32, I64)
+                        I32, I32, int, int, I32, I64, I32)
 SCAN_SIGNATURE = (int, I32, I32, int, I32, I32, I32, int)
 # what a call gives its launches anew (runtime.CallValues), in this order; all else is the prepared call's
 CALL_VALUES = ("v_map", "q", "k", "g", "beta", "A_log", "dt_bias", "initial_state", "state_indices",
@@ -425,14 +425,15 @@ def checkpoint_rows(p: KdaProblem, every: int, cu_seqlens_cpu=None) -> int:
 
 def check_checkpoints(buf: DeviceArray | None, p: KdaProblem, every: int) -> int:
     """The checkpoint buffer against the call: [B, ceil(T / every), H, ., .] (varlen: [1, rows, H,
-    ., .], any rows), the states' dtype, contiguous. Returns its rows (0 without a buffer)."""
+    ., .], any rows), bf16 (fla's) or fp32 whatever the states' dtype, contiguous. Returns its rows
+    (0 without a buffer)."""
     if every <= 0 or every % p.chunk:
         raise ValueError(f"checkpoint_every must be a positive multiple of chunk_size ({p.chunk}); got {every}")
     if buf is None:
         return 0
     layout = "[N, rows, H, V, K]" if p.v_first else "[N, rows, H, K, V]"
     check_ndim(buf, "intermediate_states", 5, layout)
-    check_dtype(buf, "intermediate_states", (p.state_dtype,))
+    check_dtype(buf, "intermediate_states", ("bfloat16", "float32"))
     K, H = p.head_dim, p.heads
     rows = buf.shape[1] if p.varlen else -(-p.seq_len // every)
     check_shape(buf, "intermediate_states", (1 if p.varlen else p.batch, rows, H, K, K), layout)
@@ -450,10 +451,11 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
     checkpoints (0: none). `rank`: a rank's slice (chunk_kda_slice)."""
     p = validate_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state, cu_seqlens,
                      out, final_state, KdaFlags(*flags), bool(state_v_first), chunk_size)
-    checkpoints = (I32(0), I64(0))
+    checkpoints, ckpt_bf16 = (I32(0), I64(0)), I32(0)
     if checkpoint_every:
         checkpoints = (I32(checkpoint_every // p.chunk), I64(check_checkpoints(intermediate_states, p,
                                                                                checkpoint_every)))
+        ckpt_bf16 = I32(intermediate_states is None or intermediate_states.dtype == "bfloat16")   # new ones: bf16
     if rank and (p.varlen or initial_state is not None):
         raise ValueError("a rank's slice takes fixed-length sequences (no cu_seqlens) and its start state from "
                          "start_of (no initial_state)")
@@ -484,7 +486,7 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
                        at["initial_state"], at["final_state"], I32(p.state_dtype == "bfloat16"), at["state_indices"],
                        I32(pooled and state_indices.dtype == "int64"), I32(p.pool_rows),
                        I64(initial_state.strides[0] if pooled else H * K * K), at["has_initial_state"], seg_chunks,
-                       split_above, at["maps"], at["checkpoints"], checkpoints[0], at["checkpoint_rows"])
+                       split_above, at["maps"], at["checkpoints"], checkpoints[0], at["checkpoint_rows"], ckpt_bf16)
     scan_args = (at["maps"], seg_chunks, split_above, at["cu_seqlens"], cu_is64, T32, N32)
     values = runtime.CallValues(CALL_SIGNATURE)
     bound = functools.partial(bound_launch, device=q.device, values=values)
@@ -593,11 +595,12 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
     - Checkpoints (prefix caching, speculative-decode rollback), as fla's
       `return_intermediate_states`: the state before tokens 0, E, 2E, ... of each sequence (E =
       `checkpoint_every`, a multiple of the kernel's chunk, default fla's chunk: 32 with
-      `chunk_size=32`, else 64), in the states' dtype and layout: [B, ceil(T / E), H, ., .], or
+      `chunk_size=32`, else 64), in the states' layout: [B, ceil(T / E), H, ., .], or
       with varlen [1, Σ ceil(len_n / E), H, ., .] in sequence order (fla's packing). With
       `return_intermediate_states` the call returns them as a third value, in
-      `intermediate_states` (a buffer to fill; varlen: rows past its end are not written) or a
-      new array (varlen: sized from `cu_seqlens_cpu`, which is then required).
+      `intermediate_states` (a buffer to fill, bf16 or fp32; varlen: rows past its end are not
+      written) or a new bf16 array, as fla's (varlen: sized from `cu_seqlens_cpu`, which is then
+      required).
     - `chunk_size`: the kernels' chunk, 16 or 32; fla's 64 (its default) runs chunks of 16, and
       its checkpoints come every 64 tokens as fla's do. `warps`, `stages` override the planner.
     Returns (o [B, T, H, V] bf16 in q's framework (or `out`), final_state or None[, checkpoints]).
@@ -656,7 +659,7 @@ def _run(call: KdaCall, arrays: CallArrays, q, stream, out, initial_state, final
                              "checkpoints depends on the lengths) or an intermediate_states buffer")
         rows = checkpoint_rows(p, every * p.chunk, checkpoints[1])
         shape = (1, rows) if p.varlen else (p.batch, rows // max(p.batch, 1))
-        ckpt, ck_p = arrays.new_empty(0, (*shape, p.heads, p.head_dim, p.head_dim), p.state_dtype)
+        ckpt, ck_p = arrays.new_empty(0, (*shape, p.heads, p.head_dim, p.head_dim), "bfloat16")   # fla's
         ck_rows = I64(rows)
     if out is None:
         out, o_p = arrays.new_empty(0, call.out_shape)   # bf16, as q
