@@ -54,6 +54,11 @@ def kda_decode_specs(arch: str) -> Iterator[KernelSpec]:
                     yield kda_decode_spec(spec, plan.rpt, plan.stages, arch)
                 spec = KdaDecodeProblem(1, 12, 32, dim, 3, 4, state, "int64", "int32", variant, 4, "int64")
                 yield kda_decode_spec(spec, 1, default_stages(spec, 1, H200_SMEM_PER_SM), arch)
+                if variant is softplus:   # SGLang's target verify: 64 requests of 4 tokens, packed
+                    verify = KdaDecodeProblem(1, 256, 32, dim, 64, 128, state, "int32", "int32", variant,
+                                              verify_steps=4, verify_slots=64)
+                    plan = plan_kda_decode(verify, H200_SMS, H200_SMEM_PER_SM)
+                    yield kda_decode_spec(verify, plan.rpt, plan.stages, arch)
         for gate in GATES:   # every gate mode, β form and dtype pair at the test shape
             for beta in BETAS:
                 for gd in ("bfloat16", "float32"):

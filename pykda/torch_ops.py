@@ -283,7 +283,7 @@ def _(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False
 # KDA decode
 # ---------------------------------------------------------------------------------------------
 
-@_register("fused_recurrent_kda", mutates_args=("initial_state", "out"))
+@_register("fused_recurrent_kda", mutates_args=("initial_state", "out", "intermediate_states_buffer"))
 def _fused_recurrent_kda_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor] = None,
                             dt_bias: Optional[Tensor] = None, scale: Optional[float] = None,
                             initial_state: Optional[Tensor] = None, output_final_state: bool = False,
@@ -294,16 +294,22 @@ def _fused_recurrent_kda_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
                             out: Optional[Tensor] = None, ssm_state_indices: Optional[Tensor] = None,
                             num_accepted_tokens: Optional[Tensor] = None, *, safe_gate: bool = False,
                             check_indices: bool = False, rows_per_thread: Optional[int] = None,
-                            stages: Optional[int] = None, inplace_final_state: bool = True) -> Tensor:
-    """pykda.fused_recurrent_kda as a torch op: updates the pool `initial_state` in place and
-    returns o (a placeholder, 0 elements, with `out`); `output_final_state` changes nothing here
-    (the eager function returns the pool itself: read `initial_state`)."""
+                            stages: Optional[int] = None, inplace_final_state: bool = True,
+                            intermediate_states_buffer: Optional[Tensor] = None,
+                            intermediate_state_indices: Optional[Tensor] = None,
+                            disable_state_update: bool = False) -> Tensor:
+    """pykda.fused_recurrent_kda as a torch op: updates the pool `initial_state` in place (and
+    the target-verify buffer) and returns o (a placeholder, 0 elements, with `out`);
+    `output_final_state` changes nothing here (the eager function returns the pool itself: read
+    `initial_state`)."""
     o, _ = _kda_decode.fused_recurrent_kda(
         q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, state_v_first, cu_seqlens,
         safe_gate=safe_gate, state_indices=state_indices, ssm_state_indices=ssm_state_indices,
         num_accepted_tokens=num_accepted_tokens, inplace_final_state=inplace_final_state, out=out,
-        check_indices=check_indices, rows_per_thread=rows_per_thread, stages=stages)
+        check_indices=check_indices, rows_per_thread=rows_per_thread, stages=stages,
+        intermediate_states_buffer=intermediate_states_buffer, intermediate_state_indices=intermediate_state_indices,
+        disable_state_update=disable_state_update)
     return o if out is None else _placeholder(q)
 
 
@@ -312,7 +318,8 @@ def _(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None
       use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
       allow_neg_eigval=False, lower_bound=None, state_v_first=False, cu_seqlens=None, state_indices=None, out=None,
       ssm_state_indices=None, num_accepted_tokens=None, *, safe_gate=False, check_indices=False, rows_per_thread=None,
-      stages=None, inplace_final_state=True):
+      stages=None, inplace_final_state=True, intermediate_states_buffer=None, intermediate_state_indices=None,
+      disable_state_update=False):
     return torch.empty_like(v, memory_format=torch.contiguous_format) if out is None else _placeholder(q)
 
 
@@ -433,7 +440,9 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: Optio
                         state_v_first: bool = False, cu_seqlens=None, *, safe_gate: bool = False, state_indices=None,
                         ssm_state_indices=None, num_accepted_tokens=None, inplace_final_state: bool = True,
                         out=None, check_indices: bool = False, rows_per_thread: Optional[int] = None,
-                        stages: Optional[int] = None, transpose_state_layout: Optional[bool] = None):
+                        stages: Optional[int] = None, transpose_state_layout: Optional[bool] = None,
+                        intermediate_states_buffer=None, intermediate_state_indices=None,
+                        disable_state_update: bool = False):
     """`pykda.fused_recurrent_kda` through torch.ops.pykda (traceable by torch.compile); same
     arguments but `stream` (torch's current stream is used), same results: (o or `out`, the
     pool `initial_state` (updated in place) if `output_final_state` else None)."""
@@ -443,5 +452,6 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: Optio
                    lower_bound, state_v_first, cu_seqlens, state_indices, out, safe_gate=safe_gate,
                    check_indices=check_indices, rows_per_thread=rows_per_thread, stages=stages,
                    ssm_state_indices=ssm_state_indices, num_accepted_tokens=num_accepted_tokens,
-                   inplace_final_state=inplace_final_state)
+                   inplace_final_state=inplace_final_state, intermediate_states_buffer=intermediate_states_buffer,
+                   intermediate_state_indices=intermediate_state_indices, disable_state_update=disable_state_update)
     return (o if out is None else out), (initial_state if output_final_state else None)

@@ -104,8 +104,8 @@ def test_decode_keeps_sglangs_meanings(calls, lower_bound):
     (dict(is_kda=False), "is_kda=False is SGLang's gated delta net"),
     (dict(softplus_beta=2.0), "softplus_beta must be 1.0"),
     (dict(softplus_threshold=10.0), "softplus_threshold >= 15"),
-    (dict(disable_state_update=True), "target-verify arguments .*disable_state_update"),
-    (dict(intermediate_states_buffer="buf", cache_steps=4), "intermediate_states_buffer, cache_steps"),
+    (dict(retrieve_parent_token="tree"), "retrieve_parent_token .* is not supported"),
+    (dict(intermediate_states_buffer=torch.zeros(2, 4, 2, 64, 64), cache_steps=3), r"cache_steps \(3\) must be"),
     (dict(A_log=None), "A_log is required"),
     (dict(stream=3), "arguments pykda does not take: stream"),
 ])
@@ -151,10 +151,18 @@ def test_kernel_object_decode_and_extend_as_sglangs_backend_calls_them(calls):
         name, args, kw = calls[-1]
         assert name == "chunk_kda" and kw["initial_state"] is pool and tuple(kw["state_indices"]) == (0, 1, 2)
         assert kw["safe_gate"] is True and kw["lower_bound"] == -5.0 and not kw.get("use_beta_sigmoid_in_kernel")
-    with pytest.raises(ValueError, match="target-verify .* is not supported"):
+    buf = torch.zeros(4, 3, 2, 64, 64)
+    kernel.target_verify(torch.zeros(2), "dt", q, k, v, a, b, ssm_states=pool, cache_indices=idx, query_start_loc=qsl,
+                         intermediate_states_buffer=buf, intermediate_state_indices="slots", cache_steps=3,
+                         retrieve_parent_token=None)
+    name, args, kw = calls[-1]
+    assert name == "fused_recurrent_kda" and kw["initial_state"] is pool and kw["state_indices"] == idx
+    assert kw["intermediate_states_buffer"] is buf and kw["intermediate_state_indices"] == "slots"
+    assert kw["disable_state_update"] is True and kw["cu_seqlens"] == qsl and kw["use_beta_sigmoid_in_kernel"]
+    with pytest.raises(ValueError, match="retrieve_parent_token .* is not supported"):
         kernel.target_verify(torch.zeros(2), "dt", q, k, v, a, b, ssm_states=pool, cache_indices=idx,
-                             query_start_loc=qsl, intermediate_states_buffer="buf", intermediate_state_indices="i",
-                             cache_steps=4, retrieve_parent_token="p")
+                             query_start_loc=qsl, intermediate_states_buffer=buf, intermediate_state_indices="i",
+                             cache_steps=3, retrieve_parent_token="p")
 
 
 def test_packed_decode_reads_q_k_v_in_place_from_the_convolution_output(calls, tensor_outputs):

@@ -101,3 +101,36 @@ def test_kernel_object_packed_decode_equals_its_decode():
     assert h.dtype == torch.bfloat16   # SGLang's (fla's), beside the fp32 pool
     firsts = np.cumsum([0] + [-(-n // 64) for n in LENGTHS[:-1]])   # each sequence's first chunk state: its start
     assert torch.equal(h[0, firsts], starts.to(torch.bfloat16))
+
+
+def test_kernel_object_target_verify_equals_decoding_the_drafts_one_by_one():
+    """KDAKernel.target_verify on 3 requests of 4 draft tokens (one padded): the state after each
+    draft in the buffer at the request's slot equals the pool row after that many one-token decode
+    steps, the outputs those steps' outputs (fp32 pools: bit for bit); the pool is not written."""
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    N, T, S = 3, 4, 5
+    A_log = torch.log(1 + 15 * torch.rand(H, generator=gen, device="cuda"))
+    dt_bias = 0.5 * torch.randn(H * K, generator=gen, device="cuda")
+    pool = 0.05 * torch.randn(P, H, K, K, generator=gen, device="cuda")
+    rows, slots = [4, -1, 1], [3, 0, 2]
+    idx = torch.tensor(rows, dtype=torch.int32, device="cuda")
+    x = inputs(N * T, 17)
+    a = torch.randn(1, N * T, H * K, generator=gen, device="cuda").to(torch.bfloat16)
+    buf = torch.full((S, T, H, K, K), float("nan"), device="cuda")
+    kernel = sglang.KDAKernel()
+    before = pool.clone()
+    o = kernel.target_verify(A_log, dt_bias, x["q"], x["k"], x["v"], a, x["b"], ssm_states=pool, cache_indices=idx,
+                             query_start_loc=cu_of([T] * N), intermediate_states_buffer=buf,
+                             intermediate_state_indices=torch.tensor(slots, dtype=torch.int32, device="cuda"),
+                             cache_steps=T, retrieve_parent_token=None)
+    assert torch.equal(pool, before), "target verify reads the pool only"
+    step_pool = pool.clone()
+    for t in range(T):   # token t of every request, one decode step
+        sel = [n * T + t for n in range(N)]
+        o_t = kernel.decode(*(x[n][:, sel] for n in ("q", "k", "v")), a[:, sel], x["b"][:, sel], A_log=A_log,
+                            dt_bias=dt_bias, ssm_states=step_pool, cache_indices=idx, query_start_loc=cu_of([1] * N))
+        assert torch.equal(o[:, sel], o_t), t
+        for n in range(N):
+            if rows[n] >= 0:
+                assert torch.equal(buf[slots[n], t], step_pool[rows[n]]), (n, t)
+    assert torch.isnan(buf[slots[1]]).all() and torch.isnan(buf[4]).all(), "a padded request caches nothing"

@@ -208,7 +208,7 @@ def test_decode_returns_the_output_and_the_pool(fake_launch, mode, output_final_
     ((p, launch_args, stream),) = fake_launch
     assert stream == 7 and p.variant.gate == {"vllm": "none"}.get(mode, mode)
     assert launch_args[6:9] == ((BASE * 3, BASE * 4) if gate else (0, 0)) + (BASE * 5,)
-    assert launch_args[-2] == (-5.0 if mode == "safe" else 0.0)
+    assert launch_args[20] == (-5.0 if mode == "safe" else 0.0)
 
 
 def test_fla_default_layout_reaches_the_kernel_k_first(fake_launch):
@@ -343,3 +343,66 @@ def test_plan_overrides_are_checked():
         plan_kda_decode(p, 132, 233472, rpt=8)   # 128 rows > 64
     with pytest.raises(ValueError, match="rows_per_thread"):
         plan_kda_decode(p, 132, 233472, rpt=3)
+
+
+# ---- target verify (SGLang's intermediate_states_buffer) ----
+@pytest.mark.parametrize("disable", [False, True])
+def test_target_verify_reaches_the_kernel(fake_launch, disable):
+    """intermediate_states_buffer [S, steps, H, V, K] and intermediate_state_indices [N]: the
+    VERIFY kernel gets the buffer, the slots, the buffer's step stride, steps, S and whether the
+    pool is written back (disable_state_update=True: not)."""
+    a = args(B=1, T=12, cu_seqlens=arr((4,), "int32"), state_indices=arr((3,), "int32"))
+    buf = arr((5, 4, 8, 128, 128), "float32", ptr=BASE * 6)
+    slots = arr((3,), "int64", ptr=BASE * 7)
+    _call(a, **SOFTPLUS_FLAGS._asdict(), state_v_first=True, cu_seqlens=a["cu_seqlens"],
+          intermediate_states_buffer=buf, intermediate_state_indices=slots, disable_state_update=disable, stream=7,
+          out=arr((1, 12, 8, 128), ptr=BASE * 2))
+    ((p, launch_args, _),) = fake_launch
+    assert (p.verify_steps, p.verify_slots, p.slot_dtype, p.index_cols) == (4, 5, "int64", 0)
+    assert kda_decode.kda_decode_spec(p, 8, 3, "sm_90a").param_dict["VERIFY"] is True
+    assert launch_args[22:] == (BASE * 6, BASE * 7, 8 * 128 * 128, 4, 5, 0 if disable else 1)
+
+
+def test_plain_decode_has_no_verify():
+    p = validate_kda_decode(**args())
+    spec = kda_decode.kda_decode_spec(p, 8, 3, "sm_90a")
+    assert (p.verify_steps, p.verify_slots) == (0, 0) and spec.param_dict["VERIFY"] is False
+
+
+@pytest.mark.parametrize("over, message", [
+    (dict(intermediate_states_buffer=arr((5, 4, 8, 128, 128), "float32")), "go together"),
+    (dict(intermediate_state_indices=arr((4,), "int32")), "go together"),
+    (dict(intermediate_states_buffer=arr((5, 4, 8, 128, 128), "bfloat16"), intermediate_state_indices=arr((4,), "int32")),
+     "intermediate_states_buffer must have dtype float32"),
+    (dict(intermediate_states_buffer=arr((5, 4, 8, 64, 128), "float32"), intermediate_state_indices=arr((4,), "int32")),
+     r"intermediate_states_buffer must have shape \[S, steps, H, V, K\]"),
+    (dict(intermediate_states_buffer=arr((5, 4, 8, 128, 128), "float32", strides=(5 << 17, 1 << 17, 1 << 14, 128, 1)),
+          intermediate_state_indices=arr((4,), "int32")), "strides"),
+    (dict(intermediate_states_buffer=arr((5, 4, 8, 128, 128), "float32"), intermediate_state_indices=arr((3,), "int32")),
+     r"intermediate_state_indices must have shape \[N\]"),
+    (dict(intermediate_states_buffer=arr((5, 4, 8, 128, 128), "float32"), intermediate_state_indices=arr((4,), "int32"),
+          state_indices=arr((4, 2), "int32")), "takes 1-D state_indices"),
+])
+def test_bad_target_verify_arguments_are_named(over, message):
+    a = args()
+    steps_buffer = over.pop("intermediate_states_buffer", None)
+    steps_slots = over.pop("intermediate_state_indices", None)
+    a.update(over)
+    with pytest.raises((TypeError, ValueError), match=message):
+        validate_kda_decode(**a, steps_buffer=steps_buffer, steps_slots=steps_slots)
+
+
+def test_disable_state_update_needs_1d_indices(fake_launch):
+    a = args(state_indices=arr((4, 2), "int32"))
+    with pytest.raises(ValueError, match="disable_state_update goes with 1-D state_indices"):
+        _call(a, **SAFE_GATE_FLAGS._asdict(), state_v_first=True, disable_state_update=True)
+    assert fake_launch == []
+
+
+def test_disable_state_update_alone_reads_the_pool_only(fake_launch):
+    """disable_state_update without a buffer: outputs only (write_back 0), the plain kernel."""
+    a = args()
+    _call(a, **SAFE_GATE_FLAGS._asdict(), state_v_first=True, disable_state_update=True, stream=7,
+          out=arr((4, 1, 8, 128), ptr=BASE * 2))
+    ((p, launch_args, _),) = fake_launch
+    assert p.verify_steps == 0 and launch_args[22:] == (0, 0, 0, 0, 0, 0)

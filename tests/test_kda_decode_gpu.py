@@ -528,3 +528,57 @@ def test_k_first_ring_depths_agree(stages):
     assert all(torch.equal(view[r], before[r]) for r in range(B + 3) if r not in new)
     with pytest.raises(ValueError, match="whole-state tiles"):
         decode(x, layout="k_first", initial_state=given, state_indices=idx, rows_per_thread=8)
+
+
+@pytest.mark.parametrize("disable", [True, False])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+def test_target_verify_equals_the_speculative_step(state_dtype, layout, disable):
+    """SGLang's target verify (1-D state_indices, intermediate_states_buffer [S, steps, H, ., .] at
+    intermediate_state_indices): bit for bit the 2-D speculative step that writes each token's
+    state to a row of its own, packed requests of 4 and 3 tokens, a padded request, a request with
+    no slot and one with a slot past S (both: nothing cached); the buffer's other cells stay
+    poisoned; the pool is only read with disable_state_update, else holds each final state."""
+    H, K, P, S, steps = 4, 128, 20, 8, 4
+    lens = [4, 4, 3, 4, 4, 4]
+    rows, slots = [3, 7, 11, 0, -1, 5], [2, 0, 1, -1, 6, 9]
+    N = len(lens)
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
+    x, pool = make(1, sum(lens), H, K, P, state_dtype, seed=93)
+    pool = in_layout(pool, layout)
+    # the reference: the speculative step on a copy of the pool with a row per (request, token),
+    # token 0's row holding the request's start state (num_accepted_tokens 1: the start is column 0)
+    spec_pool = torch.cat([pool, torch.zeros(N * steps, *pool.shape[1:], dtype=pool.dtype, device="cuda")])
+    table = torch.full((N, steps), -1, dtype=torch.int32)
+    for n in range(N):
+        if rows[n] >= 0:
+            table[n] = torch.arange(P + n * steps, P + (n + 1) * steps)
+            spec_pool[P + n * steps] = pool[rows[n]]
+    flags = GATE_FLAGS["softplus"]
+    o_ref, _ = pykda.fused_recurrent_kda(**x, **flags, state_v_first=layout == "v_first", initial_state=spec_pool,
+                                         ssm_state_indices=table.cuda(), cu_seqlens=cu)
+    before = pool.clone()
+    buf = torch.full((S, steps, H, K, K), float("nan"), dtype=pool.dtype, device="cuda")
+    out = torch.full_like(x["v"], float("nan"))
+    o, _ = pykda.fused_recurrent_kda(**x, **flags, state_v_first=layout == "v_first", initial_state=pool,
+                                     state_indices=torch.tensor(rows, dtype=torch.int32, device="cuda"),
+                                     cu_seqlens=cu, out=out, intermediate_states_buffer=buf,
+                                     intermediate_state_indices=torch.tensor(slots, device="cuda"),
+                                     disable_state_update=disable)
+    assert o is out and torch.equal(o, o_ref)
+    written = set()
+    for n in range(N):
+        if rows[n] >= 0 and 0 <= slots[n] < S:
+            for t in range(lens[n]):
+                assert torch.equal(buf[slots[n], t], spec_pool[P + n * steps + t]), (n, t)
+                written.add((slots[n], t))
+    for s in range(S):
+        for t in range(steps):
+            if (s, t) not in written:
+                assert torch.isnan(buf[s, t]).all(), f"buffer cell {(s, t)} written"
+    for r in range(P):
+        n = rows.index(r) if r in rows else None
+        if n is None or disable:
+            assert torch.equal(pool[r], before[r]), f"pool row {r} changed"
+        else:
+            assert torch.equal(pool[r], spec_pool[P + n * steps + lens[n] - 1]), f"pool row {r}"

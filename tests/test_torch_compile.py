@@ -36,7 +36,7 @@ OPS = {"single_decode_with_kv_cache": ("out",),
        "batch_decode_with_padded_kv_cache": ("out",),
        "paged_decode_run": ("out",),
        "chunk_kda": ("initial_state", "out", "final_state", "intermediate_states"),
-       "fused_recurrent_kda": ("initial_state", "out")}
+       "fused_recurrent_kda": ("initial_state", "out", "intermediate_states_buffer")}
 KIMI = dict(use_gate_in_kernel=True, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True)
 bf16, f32 = torch.bfloat16, torch.float32
 

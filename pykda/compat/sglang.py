@@ -11,7 +11,10 @@ SGLang's conventions, kept here:
   takes `g` as the log-decay; it returns the output only, or with `output_intermediate_states`
   also the states at every 64-token chunk boundary (SGLang's `h`, [1, NT, H, V, K]);
 - decode (`fused_sigmoid_gating_delta_rule_update`, `is_kda=True`) takes the raw gate `a` and β
-  as logits (`b`), and returns the output only.
+  as logits (`b`), and returns the output only; its target-verify form (`target_verify`: each
+  draft token's state into `intermediate_states_buffer` [S, steps, H, V, K] at the request's
+  `intermediate_state_indices` slot, the pool left as it was with `disable_state_update`) runs
+  chains of drafts, not trees (`retrieve_parent_token`).
 Arguments pykda cannot honour raise ValueError by name; none is dropped silently.
 """
 from __future__ import annotations
@@ -74,7 +77,10 @@ def fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta: flo
     with `cu_seqlens`), the raw gate `a` (q's element count, any shape that reshapes to q's) and
     β logits `b` (reshaping to [B, T, H]); Kimi Linear's gate -exp(A_log) · softplus(a + dt_bias)
     (or, with `lower_bound`, the bounded one); the pool `initial_state_source` [P, H, V, K] advanced
-    in place at rows `initial_state_indices` [N]. Returns o [B, T, H, V]."""
+    in place at rows `initial_state_indices` [N] (padding rows, negative: zero outputs, no state
+    written), or with `disable_state_update` only read. Target verify: the state after draft token
+    t < cache_steps of request n goes to `intermediate_states_buffer[intermediate_state_indices[n], t]`
+    (buffer [S, cache_steps, H, V, K] in the pool's dtype). Returns o [B, T, H, V]."""
     no_extra("fused_sigmoid_gating_delta_rule_update", kwargs)
     if not is_kda:
         raise ValueError("is_kda=False is SGLang's gated delta net (a scalar gate per head): pykda runs KDA only")
@@ -82,22 +88,23 @@ def fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta: flo
         raise ValueError(f"pykda's softplus has beta 1 and is exact past {SOFTPLUS_THRESHOLD_MIN:g}: softplus_beta "
                          f"must be 1.0 and softplus_threshold >= {SOFTPLUS_THRESHOLD_MIN:g}; got {softplus_beta}, "
                          f"{softplus_threshold}")
-    unsupported = dict(disable_state_update=disable_state_update or None,
-                       intermediate_states_buffer=intermediate_states_buffer,
-                       intermediate_state_indices=intermediate_state_indices, cache_steps=cache_steps,
-                       retrieve_parent_token=retrieve_parent_token)
-    given = [n for n, x in unsupported.items() if x is not None]
-    if given:
-        raise ValueError(f"fused_sigmoid_gating_delta_rule_update: SGLang's target-verify arguments are not supported "
-                         f"by pykda ({', '.join(given)}); pykda's speculative decode is fused_recurrent_kda's "
-                         f"2-D state_indices with num_accepted_tokens")
+    if retrieve_parent_token is not None:
+        raise ValueError("retrieve_parent_token (a tree of drafts) is not supported by pykda: its target verify runs "
+                         "chains of draft tokens (retrieve_parent_token=None)")
+    if intermediate_states_buffer is not None and cache_steps is not None and \
+            cache_steps != intermediate_states_buffer.shape[1]:
+        raise ValueError(f"cache_steps ({cache_steps}) must be intermediate_states_buffer's steps (its dim 1, "
+                         f"{intermediate_states_buffer.shape[1]})")
     if A_log is None:
         raise ValueError("A_log is required: the gate is computed from the raw gate a in the kernel")
     o, _ = _fused_recurrent_kda(q, k, v, a.reshape(tuple(q.shape)), b.reshape(tuple(q.shape[:3])), A_log=A_log,
                                 dt_bias=dt_bias, scale=scale, initial_state=initial_state_source,
                                 state_indices=initial_state_indices, cu_seqlens=cu_seqlens,
                                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel=True,
-                                state_v_first=True, **_gate_flags(A_log, lower_bound))
+                                state_v_first=True, **_gate_flags(A_log, lower_bound),
+                                intermediate_states_buffer=intermediate_states_buffer,
+                                intermediate_state_indices=intermediate_state_indices,
+                                disable_state_update=disable_state_update)
     return o
 
 
@@ -147,7 +154,17 @@ class KDAKernel:
                          use_qk_l2norm_in_kernel=True, cu_seqlens=query_start_loc, A_log=A_log, dt_bias=dt_bias,
                          lower_bound=lower_bound, output_intermediate_states=return_intermediate_states)
 
-    def target_verify(self, *args, **kwargs):
-        raise ValueError("KDAKernel.target_verify: SGLang's target-verify (per-draft states into a scratch buffer, "
-                         "tree parents) is not supported by pykda; pykda's speculative decode is "
-                         "fused_recurrent_kda's 2-D state_indices with num_accepted_tokens")
+    def target_verify(self, A_log, dt_bias, q, k, v, a, b, *, ssm_states, cache_indices, query_start_loc,
+                      intermediate_states_buffer, intermediate_state_indices, cache_steps, retrieve_parent_token=None,
+                      **kwargs):
+        """The draft tokens of each request (packed by `query_start_loc`) from its pool row, which
+        stays as it was; the state after each token into `intermediate_states_buffer` at the
+        request's slot. Chains only: `retrieve_parent_token` (a tree) is refused. Returns o
+        [1, N, H, V]."""
+        _none_only("KDAKernel.target_verify", kwargs)
+        return fused_sigmoid_gating_delta_rule_update(
+            A_log, a, dt_bias, 1.0, SOFTPLUS_THRESHOLD, q, k, v, b, ssm_states, cache_indices,
+            use_qk_l2norm_in_kernel=True, cu_seqlens=query_start_loc, is_kda=True, disable_state_update=True,
+            intermediate_states_buffer=intermediate_states_buffer,
+            intermediate_state_indices=intermediate_state_indices, cache_steps=cache_steps,
+            retrieve_parent_token=retrieve_parent_token)

@@ -28,10 +28,12 @@ MAX_STAGED_TOKENS = 8 # tokens per tile whose inputs ride the ring (more are rea
 # the kernel's parameters, in order, as `runtime.signature` gives them: pointers as int, the
 # Layout struct (18 int64 strides) by its byte length
 KERNEL_SIGNATURE = (int,) * 5 + (18 * 8,) + (int,) * 3 + (np.int32, np.int64, int, np.int64, np.int32, int, int,
-                                                          np.int32, np.int32, np.int32, int, float, float)
+                                                          np.int32, np.int32, np.int32, int, float, float,
+                                                          int, int, np.int64, np.int32, np.int32, np.int32)
 ARGUMENTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "state_indices", "num_accepted_tokens",
-             "cu_seqlens", "out")
+             "cu_seqlens", "out", "intermediate_states_buffer", "intermediate_state_indices")
 REQUIRED = 5   # q .. beta; initial_state is checked by validation, with its own message
+OUT = ARGUMENTS.index("out")
 # what a call gives its launch anew (runtime.CallValues): the pointers of ARGUMENTS, in this order
 CALL_SIGNATURE = (int,) * len(ARGUMENTS)
 PER_CALL = {name: runtime.PerCall(i) for i, name in enumerate(ARGUMENTS)}
@@ -51,6 +53,9 @@ class KdaDecodeProblem(NamedTuple):
     index_cols: int = 0  # C of 2-D state_indices [N, C] (speculative decode: a row per token); 0 for [N] or none
     accepted_dtype: str = "int32"   # of num_accepted_tokens ('int32' when absent)
     v_first: bool = True            # pool layout [P, H, V, K] (else fla's [P, H, K, V])
+    verify_steps: int = 0           # target verify: steps of intermediate_states_buffer [S, steps, H, ., .] (0: none)
+    verify_slots: int = 0           # its S
+    slot_dtype: str = "int32"       # of intermediate_state_indices ('int32' when absent)
 
 
 @dataclass(frozen=True)
@@ -157,11 +162,13 @@ def kda_decode_spec(p: KdaDecodeProblem, rpt: int, stages: int, arch: str) -> ru
         "MIN_CTAS": min_ctas(p.state_dtype, rpt), "TMAX": staged_tokens(p),
         "STAGE_BYTES": stage_bytes(p, rpt), "IDX_T": INDEX_CTYPES[p.index_dtype],
         "CU_T": INDEX_CTYPES[p.cu_dtype], "SPEC": p.index_cols > 0, "ACC_T": INDEX_CTYPES[p.accepted_dtype],
-        "VFIRST": p.v_first, **p.variant.template_params()}, arch, kernels=("kda_decode",))
+        "VERIFY": p.verify_steps > 0, "SLOT_T": INDEX_CTYPES[p.slot_dtype], "VFIRST": p.v_first,
+        **p.variant.template_params()}, arch, kernels=("kda_decode",))
 
 
 def validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out, flags: KdaFlags,
-                        state_v_first: bool, num_accepted_tokens=None) -> KdaDecodeProblem:
+                        state_v_first: bool, num_accepted_tokens=None, steps_buffer=None,
+                        steps_slots=None) -> KdaDecodeProblem:
     """Check dtypes, ranks, shapes, layouts and alignment of every argument; no GPU needed."""
     B, T, H, K = check_kda_inputs(q, k, v, g, beta)
     variant = resolve_variant(flags, g, beta, A_log, dt_bias, H, K)
@@ -219,9 +226,11 @@ def validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, 
         check_shape(out, "out", (B, T, H, K), "[B, T, H, V]")
         check_dtype(out, "out", ("bfloat16",))
         check_inner_contiguous(out, "out")
+    steps, slots = check_steps_buffer(steps_buffer, steps_slots, state, N, H, K, cols, layout)
     arrays = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": state}
     for name, a in (("A_log", A_log), ("dt_bias", dt_bias), ("state_indices", state_indices),
-                    ("num_accepted_tokens", num_accepted_tokens), ("cu_seqlens", cu_seqlens), ("out", out)):
+                    ("num_accepted_tokens", num_accepted_tokens), ("cu_seqlens", cu_seqlens), ("out", out),
+                    ("intermediate_states_buffer", steps_buffer), ("intermediate_state_indices", steps_slots)):
         if a is not None:
             arrays[name] = a
     check_same_device(arrays)
@@ -231,7 +240,40 @@ def validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, 
                             cu_dtype=cu_seqlens.dtype if cu_seqlens is not None else "int32", variant=variant,
                             index_cols=cols,
                             accepted_dtype=num_accepted_tokens.dtype if num_accepted_tokens is not None else "int32",
-                            v_first=bool(state_v_first))
+                            v_first=bool(state_v_first), verify_steps=steps, verify_slots=slots,
+                            slot_dtype=steps_slots.dtype if steps_slots is not None else "int32")
+
+
+def check_steps_buffer(buf, slots_of, state, N: int, H: int, K: int, cols: int, layout: str) -> tuple[int, int]:
+    """Target verify's arguments: intermediate_states_buffer [S, steps, H, ., .] in the pool's
+    dtype and layout (rows contiguous) and intermediate_state_indices [N] (a buffer slot per
+    sequence), both or neither, with 1-D state_indices. Returns (steps, S); (0, 0) without."""
+    if (buf is None) != (slots_of is None):
+        raise ValueError("intermediate_states_buffer and intermediate_state_indices go together (the buffer and "
+                         "each sequence's slot in it)")
+    if buf is None:
+        return 0, 0
+    if cols:
+        raise ValueError("intermediate_states_buffer (target verify) takes 1-D state_indices [N]: each sequence "
+                         "starts from its pool row; 2-D state_indices are the other speculative form")
+    check_dtype(buf, "intermediate_states_buffer", (state.dtype,))
+    blayout = "[S, steps, " + layout[4:]
+    check_ndim(buf, "intermediate_states_buffer", 5, blayout)
+    S, steps = buf.shape[:2]
+    check_shape(buf, "intermediate_states_buffer", (S, steps, H, K, K), blayout)
+    if steps < 1 or S < 1:
+        raise ValueError(f"intermediate_states_buffer needs a slot and a step at least; got shape {tuple(buf.shape)}")
+    row = H * K * K   # a step's states, contiguous; the steps of a slot, then the slots, rows apart
+    if tuple(buf.strides[2:]) != contiguous_strides((H, K, K)) or buf.strides[1] < row or \
+            (S > 1 and buf.strides[0] != steps * buf.strides[1]):
+        raise ValueError(f"intermediate_states_buffer must be contiguous within each step, its slots' steps "
+                         f"rows of one stride (strides[0] == steps * strides[1] >= steps * {row}); got strides "
+                         f"{tuple(buf.strides)}")
+    check_aligned(buf, "intermediate_states_buffer", 16)
+    check_dtype(slots_of, "intermediate_state_indices", tuple(INDEX_CTYPES))
+    check_shape(slots_of, "intermediate_state_indices", (N,), "[N] (a buffer slot per sequence)")
+    check_contiguous(slots_of, "intermediate_state_indices")
+    return steps, S
 
 
 def check_state_indices(indices: np.ndarray, pool_rows: int) -> None:
@@ -267,13 +309,17 @@ class KdaDecodeCall(NamedTuple):
 
 
 def prepare_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, num_accepted_tokens, cu_seqlens, out,
-                       scale, flags, state_v_first, rows_per_thread, stages) -> KdaDecodeCall:
+                       steps_buffer, steps_slots, scale, flags, state_v_first, rows_per_thread, stages,
+                       disable_state_update) -> KdaDecodeCall:
     """Validate a call and make everything its launch needs but the pointers and the stream: the
     kernel (compiled on first use) bound to its constants. The output, when `out` is None, is a
     new contiguous array of v's shape. `flags`: KdaFlags or a tuple of its fields (the hot path's
     key holds a plain tuple)."""
     p = validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out, KdaFlags(*flags),
-                            state_v_first, num_accepted_tokens)
+                            state_v_first, num_accepted_tokens, steps_buffer, steps_slots)
+    if disable_state_update and p.index_cols:
+        raise ValueError("disable_state_update goes with 1-D state_indices: with 2-D ones the pool rows written are "
+                         "the caller's choice already")
     scale = resolve_scale(scale, p.dim)
     check_stages(stages)
     runtime.require_gpu()
@@ -287,7 +333,10 @@ def prepare_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, n
     args = (at["q"], at["k"], at["g"], at["v"], at["beta"], layout, at["A_log"], at["dt_bias"], at["initial_state"],
             i32(p.pool_rows), i64(state.strides[0]), at["state_indices"],
             i64(state_indices.strides[0] if p.index_cols else 0), i32(p.index_cols), at["num_accepted_tokens"],
-            at["cu_seqlens"], i32(p.tokens), i32(p.heads), i32(plan.n_tiles), at["out"], p.variant.lower_bound, scale)
+            at["cu_seqlens"], i32(p.tokens), i32(p.heads), i32(plan.n_tiles), at["out"], p.variant.lower_bound, scale,
+            at["intermediate_states_buffer"], at["intermediate_state_indices"],
+            i64(steps_buffer.strides[1] if p.verify_steps else 0), i32(p.verify_steps), i32(p.verify_slots),
+            i32(not disable_state_update))
     values = runtime.CallValues(CALL_SIGNATURE)
     launch = bound_launch(spec, q.device, values, "kda_decode", KERNEL_SIGNATURE, args, (plan.grid, 1, 1),
                           (WARPS + 1) * 32, plan.smem)
@@ -305,7 +354,8 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
                         cu_seqlens=None, *, safe_gate: bool = False, state_indices=None, ssm_state_indices=None,
                         num_accepted_tokens=None, inplace_final_state: bool = True, out=None, stream=None,
                         check_indices: bool = False, rows_per_thread: int | None = None, stages: int | None = None,
-                        transpose_state_layout: bool | None = None):
+                        transpose_state_layout: bool | None = None, intermediate_states_buffer=None,
+                        intermediate_state_indices=None, disable_state_update: bool = False):
     """One or a few KDA recurrent steps per sequence, updating a pool of states in place; fla's
     `fused_recurrent_kda` arguments (gate modes, β forms and the norm flag as in `chunk_kda`).
 
@@ -327,6 +377,12 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
     [n, num_accepted_tokens[n] - 1] (num_accepted_tokens [N] int32/int64; without it column 0).
     A negative start row, or num_accepted_tokens outside 1..C, makes sequence n padding.
 
+    Target verify (SGLang's `fused_sigmoid_gating_delta_rule_update` arguments, with 1-D
+    state_indices): `intermediate_states_buffer` [S, steps, H, ., .] (the pool's dtype and layout)
+    receives the state after token t < steps of sequence n at [intermediate_state_indices[n], t]
+    (intermediate_state_indices [N] int32/int64; nothing where outside 0..S-1), and with
+    `disable_state_update=True` the pool is read, not written.
+
     Contract: non-negative state_indices (all entries of a 2-D one) are distinct and < P; the kernel never reads or
     writes outside the pool (an index >= P is treated as padding), and `check_indices=True`
     verifies both on the host (a synchronisation, so not for CUDA-graph capture).
@@ -342,9 +398,10 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
         raise ValueError("inplace_final_state=False is not supported: fused_recurrent_kda updates the pool "
                          "initial_state in place")
     arrays = CallArrays((q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, num_accepted_tokens,
-                         cu_seqlens, out), ARGUMENTS, REQUIRED)
+                         cu_seqlens, out, intermediate_states_buffer, intermediate_state_indices), ARGUMENTS, REQUIRED)
     settings = (scale, (use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-                        safe_gate, lower_bound), state_v_first, rows_per_thread, stages)   # flags: KdaFlags' fields
+                        safe_gate, lower_bound), state_v_first, rows_per_thread, stages,   # flags: KdaFlags' fields
+                bool(disable_state_update))
     call = PREPARED.get((arrays.key, settings), arrays, settings)
     if check_indices and state_indices is not None:
         import cupy
@@ -353,6 +410,6 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
     ptrs = arrays.ptrs   # of ARGUMENTS, 0 for None
     if out is None:   # o has v's shape and dtype
         out, o_p = arrays.new_contiguous_like(2)
-        ptrs = (*ptrs[:-1], o_p)
+        ptrs = (*ptrs[:OUT], o_p, *ptrs[OUT + 1:])
     call.values.launch(ptrs, call.launches, strm)
     return arrays.result(out), (initial_state if output_final_state else None)
