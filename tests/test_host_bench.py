@@ -506,3 +506,29 @@ def test_bench_kda_takes_its_sweep_options():
     assert settings("0,128,auto", zero=0) == [0, 128, None] and settings("auto,4") == [None, 4]
     with pytest.raises(ValueError, match=r"--warps: '2,x' is not a comma list of ints and auto"):
         check_options(parse(["bench", "kda", "--warps", "2,x"]))
+
+
+def test_speculative_rows_time_target_verify_on_the_same_tokens(monkeypatch, capsys):
+    """A speculative row also times SGLang's target verify of its tokens: each sequence from its
+    table's first row, a [B, T, H, V, K] buffer at slots 0..B-1, the pool only read; the table
+    prints it beside the K-first time."""
+    calls = []
+
+    def recorder(q, k, v, g, beta, **kw):
+        calls.append(kw)
+        return torch.zeros_like(v), None
+    monkeypatch.setattr(bench, "fused_recurrent_kda", recorder)
+    B, T, H, D = 3, 2, 2, 8
+    x = dict(q=torch.zeros(B, T, H, D), k=torch.zeros(B, T, H, D), v=torch.zeros(B, T, H, D),
+             g=torch.zeros(B, T, H, D), beta=torch.zeros(B, T, H))
+    pool, idx = torch.zeros(9, H, D, D), torch.arange(6, dtype=torch.int32).reshape(B, T)
+    row = {}
+    bench._verify_step(row, x, pool, idx, "safe", _Timer(), 5)
+    (kw,) = calls
+    assert row == {"verify_us": 10.0} and kw["disable_state_update"] is True and kw["initial_state"] is pool
+    assert kw["state_indices"].tolist() == [0, 2, 4] and kw["intermediate_state_indices"].tolist() == [0, 1, 2]
+    assert tuple(kw["intermediate_states_buffer"].shape) == (B, T, H, D, D)
+    bench._print_spec([dict(gate="safe", pool="float32", H=H, B=B, T=1, us=5.0),
+                       dict(gate="safe", pool="float32", H=H, B=B, T=2, us=8.0, verify_us=7.5)])
+    lines = capsys.readouterr().out.splitlines()
+    assert "verify" in lines[2] and "7.5" in lines[4]

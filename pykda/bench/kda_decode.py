@@ -212,6 +212,22 @@ def _k_first_step(row, x, pool, idx, gate, accepted, timer, repeats) -> None:
         row["kfirst_error"] = f"{type(exc).__name__}: {exc}"[:200]
 
 
+def _verify_step(row, x, pool, idx, gate, timer, repeats) -> None:
+    """SGLang's target verify of the same tokens (each sequence from its table's first row, every
+    token's state into a [B, T, H, V, K] buffer, the pool only read; the same bytes as the 2-D
+    step): row["verify_us"], a failure as row["verify_error"]."""
+    import torch
+    B, T = idx.shape
+    buf = torch.empty(B, T, *pool.shape[1:], dtype=pool.dtype, device=pool.device)
+    rows, slots = idx[:, 0].contiguous(), torch.arange(B, dtype=torch.int32, device=pool.device)
+    step = lambda: ours_step(x, pool, rows, gate, intermediate_states_buffer=buf,   # noqa: E731
+                             intermediate_state_indices=slots, disable_state_update=True)
+    try:
+        row["verify_us"] = timer.median_us(step, warmup=10, repeats=repeats)
+    except Exception as exc:
+        row["verify_error"] = f"{type(exc).__name__}: {exc}"[:200]
+
+
 def _measure(row, prefix, fn, timer, repeats, host_n):
     """Kernel µs, host µs and graph host µs of `fn` into row[prefix + ...]; errors as text."""
     try:
@@ -276,6 +292,8 @@ def _case(gate, pool_dtype, H, B, fla_entry, timer, copy_tbs, repeats, host_n, T
         row["T"] = T
     _measure(row, "", ours, timer, repeats, host_n)
     _k_first_step(row, x, pool, idx, gate, accepted, timer, repeats)
+    if T:
+        _verify_step(row, x, pool, idx, gate, timer, repeats)
     copy_us = timer.copy_us(nbytes // 2, repeats=repeats)
     row["copy_us"] = copy_us
     if row.get("us"):
@@ -370,7 +388,7 @@ def _print_spec(rows):
     """The speculative-decode table: a row per T, its time over the T = 1 row's of the same case."""
     print("\nspeculative decode: [B, T] state_indices + num_accepted_tokens, a state row written per token")
     print(f"{'gate':>8} {'pool':>8} {'H':>3} {'B':>4} {'T':>2} {'us':>7} {'x T=1':>6} {'TB/s':>5} {'err':>7} "
-          f"{'K-1st':>7} | {'fla us':>7} {'err':>7} {'x fla':>6}")
+          f"{'K-1st':>7} {'verify':>7} | {'fla us':>7} {'err':>7} {'x fla':>6}")
     one = {(r["gate"], r["pool"], r["H"], r["B"]): r.get("us") for r in rows if r["T"] == 1}
     for r in rows:
         g = r.get
@@ -379,13 +397,14 @@ def _print_spec(rows):
         ratio = g("fla_us") / g("us") if g("fla_us") and g("us") else None
         print(f"{r['gate']:>8} {r['pool']:>8} {r['H']:3d} {r['B']:4d} {r['T']:2d} {_cell(g('us'), '.1f', 7)} "
               f"{_cell(slower, '.2f', 6)} {_cell(g('tbs'), '.2f', 5)} {_cell(g('err'), '.1e', 7)} "
-              f"{_cell(g('kfirst_us'), '.1f', 7)} | "
+              f"{_cell(g('kfirst_us'), '.1f', 7)} {_cell(g('verify_us'), '.1f', 7)} | "
               f"{_cell(g('fla_us'), '.1f', 7)} {_cell(g('fla_err'), '.1e', 7)} {_cell(ratio, '.2f', 6)}")
     for r in rows:
         for k, v in r.items():
             if k.endswith("error"):
                 print(f"  {case_label((r['gate'], r['pool'], r['H'], r['B'], r['T']))} {k}: {v}")
-    print("TB/s: state bytes moved (one read, T writes) over the kernel time")
+    print("TB/s: state bytes moved (one read, T writes) over the kernel time; verify: kernel µs of SGLang's target "
+          "verify of the same tokens (1-D rows, each token's state into a buffer, the pool only read)")
 
 
 def _print(rows, fla_label):
