@@ -159,6 +159,14 @@ def test_kernel_object_decode_and_extend_as_sglangs_backend_calls_them(calls):
     assert name == "fused_recurrent_kda" and kw["initial_state"] is pool and kw["state_indices"] == idx
     assert kw["intermediate_states_buffer"] is buf and kw["intermediate_state_indices"] == "slots"
     assert kw["disable_state_update"] is True and kw["cu_seqlens"] == qsl and kw["use_beta_sigmoid_in_kernel"]
+    assert kw["use_gate_in_kernel"] and not kw["safe_gate"]
+    kernel.target_verify(torch.zeros(2), "dt", q, k, v, a, b, ssm_states=pool, cache_indices=idx, query_start_loc=qsl,
+                         intermediate_states_buffer=buf, intermediate_state_indices="slots", cache_steps=3,
+                         lower_bound=-5.0)   # a bounded-gate model's
+    assert calls[-1][2]["safe_gate"] is True and calls[-1][2]["lower_bound"] == -5.0
+    kernel.decode(q, k, v, a, b, A_log=torch.zeros(2), dt_bias="dt", ssm_states=pool, cache_indices=idx,
+                  query_start_loc=qsl, lower_bound=-5.0)
+    assert calls[-1][2]["safe_gate"] is True and calls[-1][2]["lower_bound"] == -5.0
     with pytest.raises(ValueError, match="retrieve_parent_token .* is not supported"):
         kernel.target_verify(torch.zeros(2), "dt", q, k, v, a, b, ssm_states=pool, cache_indices=idx,
                              query_start_loc=qsl, intermediate_states_buffer=buf, intermediate_state_indices="i",

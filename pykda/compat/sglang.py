@@ -119,13 +119,14 @@ class KDAKernel:
     Pools V-first [P, H, V, K], updated in place at `cache_indices`."""
     supports_packed_decode = True
 
-    def decode(self, q, k, v, a, b, *, A_log, dt_bias, ssm_states, cache_indices, query_start_loc, **kwargs):
-        """q, k, v [1, N, H, K] packed by `query_start_loc`; `a` the raw gate, `b` β logits.
-        Returns o [1, N, H, V]."""
+    def decode(self, q, k, v, a, b, *, A_log, dt_bias, ssm_states, cache_indices, query_start_loc,
+               lower_bound: float | None = None, **kwargs):
+        """q, k, v [1, N, H, K] packed by `query_start_loc`; `a` the raw gate, `b` β logits (with
+        `lower_bound`, the bounded gate). Returns o [1, N, H, V]."""
         _none_only("KDAKernel.decode", kwargs)
         return fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, 1.0, SOFTPLUS_THRESHOLD, q, k, v, b,
                                                       ssm_states, cache_indices, use_qk_l2norm_in_kernel=True,
-                                                      cu_seqlens=query_start_loc, is_kda=True)
+                                                      cu_seqlens=query_start_loc, is_kda=True, lower_bound=lower_bound)
 
     def packed_decode(self, mixed_qkv, a, b, *, A_log, dt_bias, scale, ssm_states, cache_indices, num_v_heads,
                       head_v_dim, **kwargs):
@@ -156,7 +157,7 @@ class KDAKernel:
 
     def target_verify(self, A_log, dt_bias, q, k, v, a, b, *, ssm_states, cache_indices, query_start_loc,
                       intermediate_states_buffer, intermediate_state_indices, cache_steps, retrieve_parent_token=None,
-                      **kwargs):
+                      lower_bound: float | None = None, **kwargs):
         """The draft tokens of each request (packed by `query_start_loc`) from its pool row, which
         stays as it was; the state after each token into `intermediate_states_buffer` at the
         request's slot. Chains only: `retrieve_parent_token` (a tree) is refused. Returns o
@@ -167,4 +168,4 @@ class KDAKernel:
             use_qk_l2norm_in_kernel=True, cu_seqlens=query_start_loc, is_kda=True, disable_state_update=True,
             intermediate_states_buffer=intermediate_states_buffer,
             intermediate_state_indices=intermediate_state_indices, cache_steps=cache_steps,
-            retrieve_parent_token=retrieve_parent_token)
+            retrieve_parent_token=retrieve_parent_token, lower_bound=lower_bound)
