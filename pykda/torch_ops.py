@@ -50,19 +50,21 @@ Two ways in, with pykda's keywords:
                                    neither ``final_state=`` nor ``state_indices``; else a
                                    placeholder: the final states are in ``final_state=`` or,
                                    with ``state_indices``, in the pool rows of ``initial_state``
-                                   (in place); checkpoints new [B, ceil(T / E), H, K, K] with
+                                   (in place); checkpoints new [B, ceil(T / E), H, K, K] bf16 with
                                    ``return_intermediate_states=True`` and no
                                    ``intermediate_states=`` buffer (fixed lengths only: with
                                    cu_seqlens their number depends on the lengths, so pass the
                                    buffer), else a placeholder
   fused_recurrent_kda              o (a placeholder with ``out=``); the pool ``initial_state``
-                                   is always updated in place
+                                   is updated in place (read only with
+                                   ``disable_state_update``), a target verify's
+                                   ``intermediate_states_buffer`` too
   ===============================  =========================================================
 
 Declared mutations: ``out`` (all ops); ``initial_state``, ``final_state`` and
 ``intermediate_states`` (chunk_kda: the pool is written with ``state_indices``, ``final_state``
 when given, which may be ``initial_state`` itself, and the checkpoint buffer); ``initial_state``
-(fused_recurrent_kda, the pool). Under ``mode="reduce-overhead"`` Inductor records CUDA graphs
+and ``intermediate_states_buffer`` (fused_recurrent_kda: the pool, a target verify's buffer). Under ``mode="reduce-overhead"`` Inductor records CUDA graphs
 only when the tensors written in place are static to it: mark pools and ``out=`` buffers with
 ``torch._dynamo.mark_static_address`` (serving engines do this for their caches); otherwise it
 skips the graph ("mutated inputs") and runs the step without one.
