@@ -64,8 +64,9 @@ Two ways in, with pykda's keywords:
 Declared mutations: ``out`` (all ops); ``initial_state``, ``final_state`` and
 ``intermediate_states`` (chunk_kda: the pool is written with ``state_indices``, ``final_state``
 when given, which may be ``initial_state`` itself, and the checkpoint buffer); ``initial_state``
-and ``intermediate_states_buffer`` (fused_recurrent_kda: the pool, a target verify's buffer). Under ``mode="reduce-overhead"`` Inductor records CUDA graphs
-only when the tensors written in place are static to it: mark pools and ``out=`` buffers with
+and ``intermediate_states_buffer`` (fused_recurrent_kda: the pool, a target verify's buffer).
+Under ``mode="reduce-overhead"`` Inductor records CUDA graphs only when the tensors written in
+place are static to it: mark pools and ``out=`` buffers with
 ``torch._dynamo.mark_static_address`` (serving engines do this for their caches); otherwise it
 skips the graph ("mutated inputs") and runs the step without one.
 

@@ -106,6 +106,7 @@ def test_decode_keeps_sglangs_meanings(calls, lower_bound):
     (dict(softplus_threshold=10.0), "softplus_threshold >= 15"),
     (dict(retrieve_parent_token="tree"), "retrieve_parent_token .* is not supported"),
     (dict(intermediate_states_buffer=torch.zeros(2, 4, 2, 64, 64), cache_steps=3), r"cache_steps \(3\) must be"),
+    (dict(cache_steps=4), "cache_steps is given without intermediate_states_buffer"),
     (dict(A_log=None), "A_log is required"),
     (dict(stream=3), "arguments pykda does not take: stream"),
 ])

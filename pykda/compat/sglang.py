@@ -91,6 +91,8 @@ def fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta: flo
     if retrieve_parent_token is not None:
         raise ValueError("retrieve_parent_token (a tree of drafts) is not supported by pykda: its target verify runs "
                          "chains of draft tokens (retrieve_parent_token=None)")
+    if intermediate_states_buffer is None and cache_steps is not None:
+        raise ValueError("cache_steps is given without intermediate_states_buffer (the steps are the buffer's)")
     if intermediate_states_buffer is not None and cache_steps is not None and \
             cache_steps != intermediate_states_buffer.shape[1]:
         raise ValueError(f"cache_steps ({cache_steps}) must be intermediate_states_buffer's steps (its dim 1, "
