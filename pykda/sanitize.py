@@ -57,7 +57,7 @@ FALLBACK_DIRS = ("/usr/local/cuda/bin",)
 # Exact pytest node ids (pytest builds a parametrized id from the bottom decorator first);
 # tests/test_sanitize.py collects them, so a renamed test or a changed parameter fails there.
 TESTS = (
-    # flash decoding, one sequence (decode_partial and the merge by the last CTA of a head group)
+    # flash decoding, one sequence (decode_partial, then decode_merge of the split chunks)
     "tests/test_decode_gpu.py::test_matches_reference[65-32-8-128-bfloat16]",        # GQA 4:1, a partial last tile
     "tests/test_decode_gpu.py::test_hnd_layout_matches_reference[1000-8-1-64-float16]",   # HND, fp16, D 64, MQA
     "tests/test_decode_gpu.py::test_planner_overrides_give_the_same_answer[64-2]",   # 79 chunks of 64 rows: split + merge

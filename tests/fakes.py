@@ -50,7 +50,7 @@ class FakeKernel:
 
 def offline_runtime(monkeypatch, launches: list, workspace, maps: list | None = None) -> None:
     """Patch the runtime so that ops run their whole launch path without a GPU: a fake H200,
-    FakeKernels recording into `launches`, `workspace(ref, stream, nbytes, zeroed)` for scratch
+    FakeKernels recording into `launches`, `workspace(ref, stream, nbytes)` for scratch
     memory, tensor maps checked (and logged into `maps` as (name, dims, strides, box)) but not
     encoded, outputs as fake device arrays at BASE * 2."""
     from pykda import runtime

@@ -121,8 +121,8 @@ def test_plan_counts_every_sequence_as_units():
 def offline(monkeypatch):
     log = dict(launches=[], maps=[], workspaces=[])
 
-    def workspace(ref, stream, nbytes, zeroed=0):
-        log["workspaces"].append((ref, stream, nbytes, zeroed))
+    def workspace(ref, stream, nbytes):
+        log["workspaces"].append((ref, stream, nbytes))
         return None, BASE * 4
     offline_runtime(monkeypatch, log["launches"], workspace, log["maps"])
     decode.PREPARED.clear()   # prepared calls hold the fake kernels: none before, none left after
@@ -150,7 +150,7 @@ def _spec_params(p, chunk_size=None):
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
-def test_split_batch_is_one_launch_that_merges_by_ticket(offline, layout):
+def test_split_batch_is_a_partial_launch_then_a_merge(offline, layout):
     B, S, hq, hkv, d = 3, 1000, 32, 8, 128
     q, k, v = good(B, S, hq, hkv, d, layout)
     lens = arr((B,), "int32", ptr=BASE * 3)
@@ -159,12 +159,18 @@ def test_split_batch_is_one_launch_that_merges_by_ticket(offline, layout):
     assert tuple(o.shape) == (B, hq, d) and tuple(lse.shape) == (B, hq) and lse.dtype == "float32"
     plan, params = _spec_params(DecodeProblem(S, hq, hkv, d, "bfloat16", B), chunk_size=128)
     names = [entry[0] for entry in offline["launches"]]
-    assert names == ["decode_partial"]
+    assert names == ["decode_partial", "decode_merge"]
     _, grid, block, smem, args, _ = offline["launches"][0]
-    assert grid == (7, hkv, B) and block   # 1000 // 128 chunks, the last of 232 rows == (160, 1, 1) and smem == plan.smem
+    assert grid == (7, hkv, B) and block == (160, 1, 1) and smem == plan.smem   # 7 chunks, the last of 232 rows
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", params)
     assert lens.ptr in args and BASE * 4 in args
-    assert [zeroed for *_, zeroed in offline["workspaces"]] == [B * hkv * 4]
+    _, grid, block, smem, merge_args, _ = offline["launches"][1]
+    assert grid == (B * hq, d // 32, 1) and block == (256, 1, 1) and smem == 0   # a CTA per query row and 32 columns
+    assert [_KINDS[type(a)] for a in merge_args] == kernel_parameters("decode_merge", params)
+    ws_o, ws_lse, kv_lens, kv_len, q_heads, n_chunks, chunk, o_p, *_, lse_p = merge_args
+    assert (ws_o, ws_lse, kv_lens) == tuple(args[11:13]) + (lens.ptr,) and (kv_len, q_heads, n_chunks, chunk) == (S, hq, 7, 128)
+    assert (o_p, lse_p) == (args[13], args[16]) and lse_p != 0
+    assert len(offline["workspaces"]) == 1, "one workspace: the partials and their LSEs"
     # both maps walk (head_dim, kv_heads, kv_len, batch), whatever the layout in memory
     row, head = (hkv * d * 2, d * 2) if layout == "NHD" else (d * 2, S * d * 2)
     assert offline["maps"] == [(n, (d, hkv, S, B), (head, row, S * hkv * d * 2), (64, 1, plan.block_n, 1)) for n in "kv"]
@@ -173,30 +179,30 @@ def test_split_batch_is_one_launch_that_merges_by_ticket(offline, layout):
 @pytest.mark.parametrize("chunk_size", [None, 192, 1664])
 def test_the_chunk_is_the_last_argument(offline, chunk_size):
     """The plan's chunk reaches the kernel as its last argument (an int; every other argument
-    keeps its place), any multiple of the tile, the planner's (26 tiles here) or asked for."""
+    keeps its place), any multiple of the tile, the planner's or asked for."""
     B, S, hq, hkv, d = 1, 50000, 64, 8, 128
     q, k, v = arr((B, hq, d)), arr((B, S, hkv, d)), arr((B, S, hkv, d))
     decode.flash_decode(q, k, v, batched=True, chunk_size=chunk_size)
-    rows = chunk_size or 1664
-    ((_, grid, _, _, args, spec),) = offline["launches"]
+    rows = chunk_size or plan_decode(DecodeProblem(S, hq, hkv, d, "bfloat16", B), **H200).chunk
+    (_, grid, _, _, args, spec), (merge, *_, merge_args, _) = offline["launches"]
     assert grid == (S // rows, hkv, B) and args[-1] == rows and type(args[-1]) is np.int32
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", spec.param_dict)
-    assert len(args) == len(decode.KERNEL_SIGNATURE) == 27
+    assert len(args) == len(decode.KERNEL_SIGNATURE) == 26
+    assert merge == "decode_merge" and merge_args[5:7] == (S // rows, rows)
 
 
-def test_split_decode_takes_one_workspace_from_q_counters_first_and_zeroed(offline):
+def test_split_decode_takes_one_workspace_from_q_partials_then_lse(offline):
     B, S, hq, hkv, d = 3, 1000, 32, 8, 128
     q, k, v = arr((B, hq, d)), arr((B, S, hkv, d)), arr((B, S, hkv, d))
     decode.flash_decode(q, k, v, batched=True, chunk_size=128)
-    n_part, tickets = B * hq * (S // 128), B * hkv * 4   # partial rows; one counter per head group
-    ((ref, stream, nbytes, zeroed),) = offline["workspaces"]
-    assert ref is q and stream == 0 and zeroed == tickets
-    ((*_, args, _),) = offline["launches"]
-    ws_o, ws_lse, counters = args[11:14]
-    assert counters == BASE * 4
-    assert ws_o == counters + 256, "the partials start 256-byte aligned past the counters"
+    n_part = B * hq * (S // 128)   # partial rows
+    ((ref, stream, nbytes),) = offline["workspaces"]
+    assert ref is q and stream == 0
+    (*_, args, _), (*_, merge_args, _) = offline["launches"]
+    ws_o, ws_lse = args[11:13]
+    assert ws_o == BASE * 4 and merge_args[:2] == (ws_o, ws_lse)
     assert ws_lse == ws_o + n_part * d * 4
-    assert nbytes == ws_lse + n_part * 4 - counters
+    assert nbytes == ws_lse + n_part * 4 - ws_o
 
 
 def test_decode_without_a_split_takes_no_workspace(offline):
@@ -204,8 +210,8 @@ def test_decode_without_a_split_takes_no_workspace(offline):
     q, k, v = arr((B, hq, d)), arr((B, S, hkv, d)), arr((B, S, hkv, d))
     decode.flash_decode(q, k, v, batched=True)
     assert offline["workspaces"] == []
-    ((*_, args, _),) = offline["launches"]
-    assert args[11:14] == (0, 0, 0)
+    ((name, *_, args, _),) = offline["launches"]   # no merge
+    assert name == "decode_partial" and args[11:13] == (0, 0) and args[13] == BASE * 2   # the new out
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
@@ -215,10 +221,14 @@ def test_single_decode_is_a_batch_of_one(offline, layout):
     q, k, v = arr((hq, d)), arr(kv), arr(kv)
     o = pykda.single_decode_with_kv_cache(q, k, v, kv_layout=layout)
     assert tuple(o.shape) == (hq, d)
-    ((name, grid, _, _, args, _),) = offline["launches"]
+    (name, grid, _, _, args, _), (merge, merge_grid, _, _, merge_args, _) = offline["launches"]
     plan, params = _spec_params(DecodeProblem(S, hq, hkv, d, "bfloat16"))
-    assert name == "decode_partial" and grid == (plan.n_chunks, hkv, 1)
+    assert plan.split and name == "decode_partial" and grid == (plan.n_chunks, hkv, 1)
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", params)
+    assert merge == "decode_merge" and merge_grid == (hq, d // 32, 1)   # one sequence: a CTA per head and 32 columns
+    assert [_KINDS[type(a)] for a in merge_args] == kernel_parameters("decode_merge", params)
+    assert merge_args == (*args[11:13], 0, S, hq, plan.n_chunks, plan.chunk, args[13], 0, d, 0), \
+        "no kv_lens (every row S), out without a batch stride, no LSE asked for"
     # size-1 dims (one KV head, one sequence) get a stride TMA accepts
     row = d * 2 if layout == "HND" else hkv * d * 2
     assert offline["maps"][0] == ("k", (d, hkv, S, 1), (d * 2, row, d * 2), (64, 1, plan.block_n, 1))

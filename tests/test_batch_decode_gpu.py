@@ -119,7 +119,7 @@ def test_cuda_graph_replay_with_new_lengths_and_data():
     out = torch.empty_like(q)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):   # warm-up on the capture stream: compile, grow its workspace and counters
+    with torch.cuda.stream(s):   # warm-up on the capture stream: compile, grow its workspace
         pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_lens=kv_lens, out=out)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=s):

@@ -123,7 +123,7 @@ def test_cuda_graph_capture_and_replay_with_new_data():
     out = torch.empty_like(q)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):   # warm-up on the capture stream: compile, grow its workspace and counters
+    with torch.cuda.stream(s):   # warm-up on the capture stream: compile, grow its workspace
         pykda.single_decode_with_kv_cache(q, k, v, out=out)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=s):

@@ -55,7 +55,8 @@ def check_decode(o, lse, q, k, v, n):
 
 
 def assert_splits(problems):
-    """Each problem splits its sequences, so its calls take a workspace (ticket counters)."""
+    """Each problem splits its sequences, so its calls take a workspace (the chunks' partial outputs
+    and LSE) and launch decode_merge after decode_partial."""
     dev = runtime.device_info(0)
     assert all(plan_decode(p, dev.sm_count, dev.smem_per_sm).split for p in problems)
 

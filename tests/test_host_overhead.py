@@ -7,8 +7,8 @@ The GPU is stubbed where it must be and nowhere else:
 - `cuLaunchKernelEx` is libc's `strnlen`, called as the runtime calls the driver (no prototype,
   the same ctypes objects); with the kernel handle 0 as its length it returns 0 = success;
 - the compiled kernel, the device check, torch's current-stream lookup, the driver's tensor-map
-  encoder (a map holds its address) and the workspace's memset and the paged plan's copy to the
-  device (both on the CPU memory) are stand-ins.
+  encoder (a map holds its address) and the paged plan's copy to the device (on the CPU memory)
+  are stand-ins; the workspace's blocks (torch's CPU allocator here) are recorded.
 
 `python tests/test_host_overhead.py` prints µs per piece; the tests check that each stubbed call
 hands the driver exactly the parameters the kernel expects (so the numbers time the real path).
@@ -104,10 +104,11 @@ def tensor_map(ptr: int) -> bytes:
 @contextlib.contextmanager
 def stubbed_gpu(twin: types.ModuleType):
     """The ops run on CPU tensors up to (and through) the ctypes launch call. Yields the stubbed
-    kernels by name (`kernels`) and the workspace memsets as (pointer, value, bytes, stream)."""
+    kernels by name (`kernels`) and the workspace blocks taken from torch as (pointer, bytes,
+    stream) (`scratch`)."""
     from pykda import runtime
     workspace = sys.modules["pykda.runtime.workspace"]
-    saved, memsets = [], []
+    saved, scratch = [], []
 
     def patch(obj, name, value):
         saved.append((obj, name, getattr(obj, name, None), hasattr(obj, name)))
@@ -125,14 +126,15 @@ def stubbed_gpu(twin: types.ModuleType):
     patch(launch, "_driver", _Launches().driver)
     patch(device, "gpu_available", lambda: True)
     patch(runtime, "device_info", lambda i: info)
-    def memset(ptr, value, nbytes, stream):
-        memsets.append((ptr, value, nbytes, stream))
-        ctypes.memset(ptr, value, nbytes)
+    def torch_scratch(t, nbytes, stream, real=workspace.torch_scratch):
+        owner, ptr = real(t, nbytes, stream)
+        scratch.append((ptr, nbytes, stream))
+        return owner, ptr
 
     patch(runtime, "get_kernel", get_kernel)
     patch(torch._C, "_cuda_getCurrentRawStream", lambda dev: 0)
     patch(tensormap, "_encode", lambda dtype, ptr, *geometry: tensor_map(ptr))
-    patch(workspace, "_memset", memset)
+    patch(workspace, "torch_scratch", torch_scratch)
     patch(twin, "copy_from_host", lambda ptr, host, dev, stream: ctypes.memmove(ptr, host.ctypes.data, host.nbytes))
     patch(paged_decode, "device_arrays", twin)   # plan()'s page ids and tables
     ops = (kda_decode, kda, decode, paged_decode)
@@ -140,7 +142,7 @@ def stubbed_gpu(twin: types.ModuleType):
         patch(op, "CallArrays", twin.CallArrays)
         op.PREPARED.clear()   # prepared calls hold the stubbed kernels: none before, none left after
     try:
-        yield types.SimpleNamespace(kernels=kernels, memsets=memsets)
+        yield types.SimpleNamespace(kernels=kernels, scratch=scratch)
     finally:
         for op in ops:
             op.PREPARED.clear()
@@ -332,45 +334,56 @@ def test_stubbed_fused_recurrent_kda_reads_the_call_values():
         assert params[12:] == [0, 0, 0, 0, 1, H, plan.n_tiles, o.data_ptr(), -5.0, 0.5, 0, 0, 0, 0, 0, 1]   # no verify
 
 
-def _workspace(call: decode.DecodeCall, memsets: list) -> list:
-    """What a decode launch reads as ws_o, ws_lse and counters: 0s without a split; else the
-    workspace of the next of `memsets` (its tickets zeroed on the call's stream), its partial
-    outputs and LSE after the tickets."""
+def _workspace(call: decode.DecodeCall, scratch: list) -> list:
+    """What both launches of a split decode read as ws_o and ws_lse: the next of the `scratch`
+    blocks (the call's bytes, for its stream), its partial outputs from its start, its LSE from
+    call.lse_offset; 0s without a split (no block taken)."""
     if not call.workspace_bytes:
-        return [0, 0, 0]
-    ptr, value, nbytes, stream = memsets.pop(0)
-    assert (value, nbytes, stream) == (0, call.ticket_bytes, 0) and ptr != 0
-    return [ptr + call.o_offset, ptr + call.lse_offset, ptr]
+        return [0, 0]
+    ptr, nbytes, stream = scratch.pop(0)
+    assert (nbytes, stream) == (call.workspace_bytes, 0) and ptr != 0
+    return [ptr, ptr + call.lse_offset]
+
+
+def _merge_geometry(batch: int, q_heads: int) -> tuple:
+    """decode_merge's (grid, block, smem, stream): a CTA per query row and 32 columns."""
+    return (batch * q_heads, D // 32, 1), (256, 1, 1), 0, 0
 
 
 def test_stubbed_single_decode_reads_the_call_values():
     """single_decode_with_kv_cache (a split plan, with the LSE) twice with other arrays: the driver
     reads each call's q, the tensor maps of its K and V, its new out and LSE, its workspace and its
-    K and V beside the prepared strides and row parameters, in the plan's grid."""
+    K and V beside the prepared strides and row parameters, in the plan's grid; then decode_merge
+    reads the same workspace, out and LSE beside the row count, heads, chunks and out's strides."""
     twin = cpu_twin_of_arrays()
     hq, hkv, S, bf = 8, 2, 4096, torch.bfloat16
     calls = []
     with stubbed_gpu(twin) as gpu:
-        seen = _driver_reads(decode.KERNEL_SIGNATURE)
+        seen = _driver_reads(decode.KERNEL_SIGNATURE, decode.MERGE_SIGNATURE)
         for _ in range(2):
             q, k, v = torch.randn(hq, D).to(bf), torch.empty(S, hkv, D, dtype=bf), torch.empty(S, hkv, D, dtype=bf)
             o, lse = decode.single_decode_with_kv_cache(q, k, v, return_lse=True)
             calls.append((q, k, v, o, lse))
         assert len(decode.PREPARED.results) == 1
         call = decode.PREPARED.last[1]
-    assert call.plan.split and call.plan.chunk == 128 and len(seen) == 2 == len(gpu.memsets)
-    for (_, params, geometry), (q, k, v, o, lse) in zip(seen, calls):
-        assert geometry == ((call.plan.n_chunks, hkv, 1), ((decode.WARPS + 1) * 32, 1, 1), call.plan.smem, 0)
+    chunk, n_chunks = call.plan.chunk, call.plan.n_chunks
+    assert call.plan.split and chunk == 128 and n_chunks == S // chunk and len(seen) == 4 and len(gpu.scratch) == 2
+    assert set(gpu.kernels) == {"decode_partial", "decode_merge"}
+    for (_, params, geometry), (_, merge, merge_geometry), (q, k, v, o, lse) in zip(seen[0::2], seen[1::2], calls):
+        ws = _workspace(call, gpu.scratch)
+        assert geometry == ((n_chunks, hkv, 1), ((decode.WARPS + 1) * 32, 1, 1), call.plan.smem, 0)
         assert params[:6] == [q.data_ptr(), 0, D, tensor_map(k.data_ptr()), tensor_map(v.data_ptr()), 0]
         assert params[6:11] == [S, hq // hkv, hq // hkv, 1, float(np.float32(D ** -0.5))]
-        assert params[11:15] == _workspace(call, gpu.memsets) + [o.data_ptr()]
-        assert params[15:] == [0, D, lse.data_ptr(), 0, 0, k.data_ptr(), v.data_ptr(), 0, 0, 0, 0, 128]
+        assert params[11:14] == ws + [o.data_ptr()]
+        assert params[14:] == [0, D, lse.data_ptr(), 0, 0, k.data_ptr(), v.data_ptr(), 0, 0, 0, 0, chunk]
+        assert merge_geometry == _merge_geometry(1, hq)
+        assert merge == ws + [0, S, hq, n_chunks, chunk, o.data_ptr(), 0, D, lse.data_ptr()]
 
 
 def test_stubbed_padded_batch_decode_reads_the_call_values():
     """batch_decode_with_padded_kv_cache (HND, kv_lens, a strided out, two head blocks, unsplit) twice
     with other arrays: the driver reads each call's q, maps, kv_lens, out and K and V beside the
-    prepared strides and row parameters; no workspace."""
+    prepared strides and row parameters; no workspace, and no launch but decode_partial."""
     twin = cpu_twin_of_arrays()
     batch, hq, hkv, S, bf = 3, 32, 1, 200, torch.bfloat16
     calls = []
@@ -386,13 +399,14 @@ def test_stubbed_padded_batch_decode_reads_the_call_values():
             calls.append((q, k, v, lens, out))
         assert len(decode.PREPARED.results) == 1
         call = decode.PREPARED.last[1]
-    assert not call.plan.split and gpu.memsets == [] and len(seen) == 2
+    assert not call.plan.split and gpu.scratch == [] and len(seen) == 2   # the spy: 26 parameters each
+    assert list(gpu.kernels) == ["decode_partial"]
     for (_, params, geometry), (q, k, v, lens, out) in zip(seen, calls):
         assert geometry == ((1, hkv, batch * 2), ((decode.WARPS + 1) * 32, 1, 1), call.plan.smem, 0)
         assert params[:6] == [q.data_ptr(), hq * D, D, tensor_map(k.data_ptr()), tensor_map(v.data_ptr()),
                               lens.data_ptr()]
         assert params[6:11] == [S, hq, 16, 2, float(np.float32(D ** -0.5))]
-        assert params[11:] == [0, 0, 0, out.data_ptr(), *out.stride()[:2], 0, 0, 0, k.data_ptr(), v.data_ptr(), 0, 0,
+        assert params[11:] == [0, 0, out.data_ptr(), *out.stride()[:2], 0, 0, 0, k.data_ptr(), v.data_ptr(), 0, 0,
                                0, 0, 256]   # the chunk asked for, last
 
 
@@ -402,7 +416,8 @@ def test_stubbed_paged_run_reads_the_call_values(page_size):
     two run()s (split) with other queries and caches: the driver reads each run's q, the maps of its
     caches (zeros where pages are gathered), the tables (rows, then first entries), the page ids,
     the new out and LSE, the workspace and the caches beside the prepared strides and the pages'
-    count and strides."""
+    count and strides; then decode_merge reads the workspace, the tables (rows), out and LSE beside
+    the row bound, heads, chunks and out's strides."""
     twin = cpu_twin_of_arrays()
     hq, hkv, lens, bf = 8, 2, (300, 0, 37), torch.bfloat16
     pages = [-(-n // page_size) for n in lens]
@@ -412,7 +427,7 @@ def test_stubbed_paged_run_reads_the_call_values(page_size):
     indices = torch.randperm(num_pages, generator=torch.Generator().manual_seed(3))[:sum(pages)].to(torch.int32)
     calls = []
     with stubbed_gpu(twin) as gpu:
-        seen = _driver_reads(decode.KERNEL_SIGNATURE)
+        seen = _driver_reads(decode.KERNEL_SIGNATURE, decode.MERGE_SIGNATURE)
         dec = paged_decode.BatchDecodeWithPagedKVCache("NHD")
         dec.plan(indptr, indices, last, hq, hkv, D, page_size, chunk_size=64)   # split: 4 chunks
         assert dec._tables.tolist() == [*lens, *indptr[:-1]]
@@ -424,17 +439,21 @@ def test_stubbed_paged_run_reads_the_call_values(page_size):
         assert len(paged_decode.PREPARED.results) == 1
         call = paged_decode.PREPARED.last[1]
     tables = dec._tables.data_ptr()
-    assert call.plan.n_chunks == 4 and len(seen) == 2
-    for (_, params, geometry), (q, k, v, o, lse) in zip(seen, calls):
+    assert call.plan.n_chunks == 4 and len(seen) == 4 and len(gpu.scratch) == 2
+    assert set(gpu.kernels) == {"decode_partial", "decode_merge"}
+    for (_, params, geometry), (_, merge, merge_geometry), (q, k, v, o, lse) in zip(seen[0::2], seen[1::2], calls):
+        ws = _workspace(call, gpu.scratch)
         assert geometry == ((call.plan.n_chunks, hkv, len(lens)), ((decode.WARPS + 1) * 32, 1, 1), call.plan.smem, 0)
         maps = [tensor_map(k.data_ptr()), tensor_map(v.data_ptr())] if page_size >= 16 else [bytes(128)] * 2
         assert params[:6] == [q.data_ptr(), hq * D, D, *maps, tables]
         assert params[6:11] == [paged_decode.MAX_ROWS, hq // hkv, hq // hkv, 1, float(np.float32(D ** -0.5))]
-        assert params[11:15] == _workspace(call, gpu.memsets) + [o.data_ptr()]
-        assert params[15:22] == [hq * D, D, lse.data_ptr(), tables + 4 * len(lens), indices.data_ptr(), k.data_ptr(),
+        assert params[11:14] == ws + [o.data_ptr()]
+        assert params[14:21] == [hq * D, D, lse.data_ptr(), tables + 4 * len(lens), indices.data_ptr(), k.data_ptr(),
                                  v.data_ptr()]
-        assert params[22:] == [num_pages, *k.stride()[:3], 64]   # the pages' count and strides, then the chunk
-    assert gpu.memsets == []   # one per split launch, each checked
+        assert params[21:] == [num_pages, *k.stride()[:3], 64]   # the pages' count and strides, then the chunk
+        assert merge_geometry == _merge_geometry(len(lens), hq)
+        assert merge == ws + [tables, paged_decode.MAX_ROWS, hq, 4, 64, o.data_ptr(), hq * D, D, lse.data_ptr()]
+    assert gpu.scratch == []   # one block per split call, each checked
 
 
 def test_stubbed_chunk_kda_runs_every_launch():

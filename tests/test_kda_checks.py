@@ -567,7 +567,7 @@ def offline(monkeypatch):
     log = _Log()
     log.workspaces = []
 
-    def workspace(ref, stream, nbytes, zeroed=0):
+    def workspace(ref, stream, nbytes):
         log.workspaces.append(nbytes)
         return object(), WORKSPACE
     offline_runtime(monkeypatch, log, workspace)

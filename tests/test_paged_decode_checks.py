@@ -20,8 +20,8 @@ def offline(monkeypatch):
     """The runtime faked (launches, tensor maps, workspaces and host-to-device copies logged)."""
     log = dict(launches=[], maps=[], workspaces=[], copies=[])
 
-    def workspace(ref, stream, nbytes, zeroed=0):
-        log["workspaces"].append((nbytes, zeroed))
+    def workspace(ref, stream, nbytes):
+        log["workspaces"].append(nbytes)
         return None, BASE * 4
     offline_runtime(monkeypatch, log["launches"], workspace, log["maps"])
     monkeypatch.setattr(arrays, "copy_from_host", lambda ptr, host, dev, stream: log["copies"].append((ptr, host.copy())))
@@ -223,9 +223,14 @@ def test_max_kv_len_fixes_the_split_as_requests_grow(offline):
     assert len(set(layouts)) == 1 and layouts[0].max_rows == 4096
     p = decode.DecodeProblem(4096, hq, hkv, d, "bfloat16", 3)
     plan = decode.plan_decode(p, **H200)
-    grids = {(launch[1], launch[4][-1], launch[5]) for launch in offline["launches"]}   # grid, chunk, kernel
-    assert grids == {((plan.n_chunks, hkv, 3), plan.chunk, decode.decode_spec(p, plan, "sm_90a", 16))}, \
-        "the split of 4096 rows, each time"
+    spec = decode.decode_spec(p, plan, "sm_90a", 16)
+    launches = offline["launches"]
+    assert plan.split and [launch[0] for launch in launches] == ["decode_partial", "decode_merge"] * 3
+    partials = {(launch[1], launch[4][-1], launch[5]) for launch in launches[0::2]}   # grid, chunk, kernel
+    assert partials == {((plan.n_chunks, hkv, 3), plan.chunk, spec)}, "the split of 4096 rows, each time"
+    merges = {(launch[1], launch[4][2:7], launch[5]) for launch in launches[1::2]}   # grid, tables to chunk, kernel
+    assert merges == {((3 * hq, d // 32, 1), (TABLES, paged_decode.MAX_ROWS, hq, plan.n_chunks, plan.chunk), spec)}, \
+        "merged over the same chunks"
     assert planned([100, 0, 33], hq, hkv, d)._layout.max_rows == 100, "without it: the longest request"
     for bad in (99, 1 << 31, 100.0, True):
         with pytest.raises(ValueError, match=r"max_kv_len must be an int from the longest request's rows \(100\)"):
@@ -234,7 +239,7 @@ def test_max_kv_len_fixes_the_split_as_requests_grow(offline):
 
 @pytest.mark.parametrize("page_size", [1, 8, 16, 64, 128])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
-def test_run_is_one_launch_with_the_page_table(offline, page_size, layout):
+def test_run_is_a_partial_launch_then_a_merge_with_the_page_table(offline, page_size, layout):
     B, hq, hkv, d, P = 3, 32, 8, 128, 50
     lens = [1000, 0, 33]
     dec = planned(lens, hq, hkv, d, page_size, layout, chunk_size=128)
@@ -244,24 +249,32 @@ def test_run_is_one_launch_with_the_page_table(offline, page_size, layout):
     k, v = caches(P, page_size, hkv, d, layout)
     o, lse = dec.run(arr((B, hq, d)), (k, v), return_lse=True)   # the caches as a pair, as FlashInfer takes them
     assert tuple(o.shape) == (B, hq, d) and tuple(lse.shape) == (B, hq)
-    ((name, grid, _, smem, args, spec),) = offline["launches"]
+    (name, grid, block, smem, args, spec), (merge, merge_grid, merge_block, merge_smem, merge_args, merge_spec) = \
+        offline["launches"]
     p = decode.DecodeProblem(1000, hq, hkv, d, "bfloat16", B)
     plan = decode.plan_decode(p, **H200, chunk_size=128)
     assert spec == decode.decode_spec(p, plan, "sm_90a", page_size) and smem == plan.smem
     assert spec.param_dict["PAGE"] == page_size and spec.param_dict["GATHER"] == (page_size < 16)
-    assert name == "decode_partial" and grid == (1000 // 128, hkv, B)
+    assert name == "decode_partial" and grid == (1000 // 128, hkv, B) and block == (160, 1, 1)
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", spec.param_dict)
     assert args[5] == TABLES and args[6] == paged_decode.MAX_ROWS, "rows per request from the plan, never clamped"
-    assert args[18:22] == (TABLES + 4 * B, INDICES, K, V)
+    n_part = B * hq * 7   # partial rows
+    assert args[11:13] == (BASE * 4, BASE * 4 + n_part * d * 4), "the partial outputs (fp32), then their LSE"
+    assert args[17:21] == (TABLES + 4 * B, INDICES, K, V)
     page, row, head = (page_size * hkv * d, hkv * d, d) if layout == "NHD" else (hkv * page_size * d, d, page_size * d)
-    assert args[22:] == (P, page, row, head, 128), "the pages' count and strides, then the chunk"
+    assert args[21:] == (P, page, row, head, 128), "the pages' count and strides, then the chunk"
+    assert merge == "decode_merge" and merge_spec == spec
+    assert (merge_grid, merge_block, merge_smem) == ((B * hq, d // 32, 1), (256, 1, 1), 0)
+    assert [_KINDS[type(a)] for a in merge_args] == kernel_parameters("decode_merge", spec.param_dict)
+    assert merge_args == (*args[11:13], TABLES, paged_decode.MAX_ROWS, hq, 7, 128, *args[13:17]) and args[16] != 0, \
+        "the workspace, the rows per request, heads, chunks and chunk; out, its strides and the LSE"
     if page_size < 16:   # gathered: no tensor maps
         assert offline["maps"] == [] and args[3] == args[4] == bytes(128)
     else:   # (head_dim, kv_heads, page_size, num_pages) in boxes of a page's rows, at most a tile
         box = min(page_size, plan.block_n)
         assert offline["maps"] == [(n, (d, hkv, page_size, P), (head * 2, row * 2, page * 2), (64, 1, box, 1))
                                    for n in ("k_cache", "v_cache")]
-    assert [zeroed for _, zeroed in offline["workspaces"]] == [B * hkv * 4]
+    assert offline["workspaces"] == [n_part * (d + 1) * 4], "one workspace: the partials and their LSEs"
 
 
 def test_plan_again_rewrites_the_tables_in_place_while_they_fit(offline, monkeypatch):
@@ -289,7 +302,8 @@ def test_paged_variants_are_registered():
 
 def test_block_tables_plan_reads_pages_in_place(offline):
     """vLLM's block table: rows per request from seq_lens, request b's first page entry at
-    b · the table's row stride (a view of a wider table), no page-id copy; then one launch."""
+    b · the table's row stride (a view of a wider table), no page-id copy; then decode_partial
+    reads the table in place, and decode_merge the rows per request."""
     B, hq, hkv, d, max_blocks = 3, 32, 8, 128, 70
     table = arr((B, max_blocks), "int32", strides=(100, 1), ptr=INDICES)   # rows of a table of 100 entries
     dec = pykda.BatchDecodeWithPagedKVCache("NHD")
@@ -298,8 +312,10 @@ def test_block_tables_plan_reads_pages_in_place(offline):
     assert tables_ptr == TABLES and tables.tolist() == [1000, 0, 33, 0, 100, 200]
     k, v = caches(50, 16, hkv, d)
     dec.run(arr((B, hq, d)), k, v)
-    ((name, grid, _, _, args, _),) = offline["launches"]
-    assert args[18:20] == (TABLES + 4 * B, INDICES)
+    assert decode.plan_decode(decode.DecodeProblem(1000, hq, hkv, d, "bfloat16", B), **H200).split
+    (name, *_, args, _), (merge, *_, merge_args, _) = offline["launches"]
+    assert name == "decode_partial" and args[5] == TABLES and args[17:19] == (TABLES + 4 * B, INDICES)
+    assert merge == "decode_merge" and merge_args[2] == TABLES
 
 
 @pytest.mark.parametrize("case, exc, message", [

@@ -22,7 +22,7 @@ def test_render_inlines_headers_once_and_is_self_contained():
     src = runtime.render(spec.template, spec.param_dict)
     assert "#include \"" not in src
     assert src.count("---- common.cuh ----") == 1
-    assert "decode_partial" in src and "merge_row" in src
+    assert "decode_partial" in src and "decode_merge" in src
 
 
 @pytest.mark.parametrize("value, built_for_it", [("1", True), ("0", False), ("", False)])

@@ -1,7 +1,7 @@
 """CPU tests of the workspace: which allocator a call's scratch comes from (torch's caching
 allocator for torch arrays, CuPy's for CuPy arrays, a pykda buffer per (device, stream) for the
-rest), the stream it is taken for, the zeroed counters, and the one workspace of a split flash
-decoding call. torch and CuPy are stand-ins: no GPU needed."""
+rest), the stream it is taken for and bad sizes. (A split flash decoding call's one workspace:
+test_batch_decode_checks.) torch and CuPy are stand-ins: no GPU needed."""
 import importlib
 import sys
 import types
@@ -43,7 +43,7 @@ class FakeCupyArray:
 
 
 class FakeCupy:
-    """cupy.cuda as the workspace uses it: devices, streams, the pool's alloc, Memory, memsetAsync."""
+    """cupy.cuda as the workspace uses it: devices, streams, the pool's alloc, Memory."""
 
     def __init__(self):
         self.device, self.stream, self.log = 0, 1000, []
@@ -72,8 +72,7 @@ class FakeCupy:
 
         self.cuda = types.SimpleNamespace(
             Device=device, ExternalStream=external_stream, Memory=Memory, alloc=alloc,
-            get_current_stream=lambda: types.SimpleNamespace(ptr=outer.stream),
-            runtime=types.SimpleNamespace(memsetAsync=lambda *a: outer.log.append(("memset", *a))))
+            get_current_stream=lambda: types.SimpleNamespace(ptr=outer.stream))
 
 
 @pytest.fixture
@@ -81,7 +80,6 @@ def cupy(monkeypatch):
     fake = FakeCupy()
     monkeypatch.setitem(sys.modules, "cupy", fake)
     monkeypatch.setattr(ws, "_owned", {})
-    monkeypatch.setattr(ws, "_memset", None)   # bound from the stand-in on first use
     return fake
 
 
@@ -130,22 +128,10 @@ def test_other_arrays_take_a_pykda_buffer_per_device_and_stream(cupy, torch_scra
     assert torch_scratch == []
 
 
-@pytest.mark.parametrize("ref", ["torch", "cupy", "other"])
-def test_zeroed_bytes_are_cleared_on_the_launch_stream_every_call(cupy, torch_scratch, ref):
-    a = {"torch": FakeTensor(), "cupy": DeviceArray(BASE, (4,), (1,), "float16", 0, "cupy", FakeCupyArray()),
-         "other": DeviceArray(BASE, (4,), (1,), "float16", 0, "cupy", object())}[ref]
-    for _ in range(2):
-        _, ptr = ws.workspace(a, 33, 4096, zeroed=96)
-        assert cupy.log[-1] == ("memset", ptr, 0, 96, 33)
-    n = len(cupy.log)
-    ws.workspace(a, 33, 4096)
-    assert all(e[0] != "memset" for e in cupy.log[n:]), "nothing cleared without zeroed"
-
-
-@pytest.mark.parametrize("nbytes, zeroed", [(0, 0), (-8, 0), (64, 65), (64, -1)])
-def test_bad_sizes_raise(cupy, torch_scratch, nbytes, zeroed):
-    with pytest.raises(ValueError, match=r"workspace: nbytes must be positive and zeroed within \[0, nbytes\]"):
-        ws.workspace(FakeTensor(), 1, nbytes, zeroed=zeroed)
+@pytest.mark.parametrize("nbytes", [0, -8])
+def test_bad_sizes_raise(cupy, torch_scratch, nbytes):
+    with pytest.raises(ValueError, match=rf"workspace: nbytes must be positive; got nbytes={nbytes}$"):
+        ws.workspace(FakeTensor(), 1, nbytes)
     assert torch_scratch == [] and cupy.log == []
 
 

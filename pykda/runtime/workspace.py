@@ -10,25 +10,23 @@
 
 The caller holds the returned owner until its launches are enqueued; afterwards the memory may
 go back to its pool, which reuses it only after the work queued on the stream. Nothing is
-carried from one call to the next: the `zeroed` bytes at the start are cleared on the stream
-before the launches, every call (in a captured graph a memset node, run on every replay).
+carried from one call to the next: the memory holds whatever its last user left, and a call's
+launches write every byte of it that they read.
 """
 from __future__ import annotations
 
 from .arrays import as_device_array, is_torch_tensor, torch_scratch
 
 _owned: dict[tuple[int, int], object] = {}   # (device, stream) -> cupy.cuda.Memory, the fallback
-_memset = None   # cupy.cuda.runtime.memsetAsync, bound on first use
 
 
-def workspace(ref, stream: int, nbytes: int, zeroed: int = 0) -> tuple[object, int]:
+def workspace(ref, stream: int, nbytes: int) -> tuple[object, int]:
     """(owner, pointer) of `nbytes` of scratch on the device of array `ref` (an argument of the
     call, as given or as a DeviceArray), taken from ref's framework, for kernels on the stream
-    handle `stream`; its first `zeroed` bytes are zero-filled on `stream`. Keep `owner` alive
-    until the launches that use the memory are enqueued."""
-    if nbytes < 1 or not 0 <= zeroed <= nbytes:
-        raise ValueError(f"workspace: nbytes must be positive and zeroed within [0, nbytes]; "
-                         f"got nbytes={nbytes}, zeroed={zeroed}")
+    handle `stream`; its contents are undefined. Keep `owner` alive until the launches that use
+    the memory are enqueued."""
+    if nbytes < 1:
+        raise ValueError(f"workspace: nbytes must be positive; got nbytes={nbytes}")
     if is_torch_tensor(ref):   # the hot path: an argument as the caller gave it
         owner, ptr = torch_scratch(ref, nbytes, stream)
     else:
@@ -39,8 +37,6 @@ def workspace(ref, stream: int, nbytes: int, zeroed: int = 0) -> tuple[object, i
             owner, ptr = _cupy_scratch(a.device, stream, nbytes)
         else:
             owner, ptr = _owned_scratch(a.device, stream, nbytes)
-    if zeroed:
-        (_memset or _bind_memset())(ptr, 0, zeroed, stream)
     return owner, ptr
 
 
@@ -67,10 +63,3 @@ def _owned_scratch(device: int, stream: int, nbytes: int) -> tuple[object, int]:
         with cupy.cuda.Device(device):
             buf = _owned[key] = cupy.cuda.Memory(max(nbytes, 2 * buf.size if buf is not None else 0, 1 << 20))
     return buf, buf.ptr
-
-
-def _bind_memset():
-    global _memset
-    import cupy
-    _memset = cupy.cuda.runtime.memsetAsync
-    return _memset
