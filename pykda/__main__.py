@@ -91,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "batches) with a summary line: pykda against the best peer, worst and median")
     b.add_argument("--shapes", default=None,
                    help="decode, kda, paged-decode: shapes to run instead of the bench's own. decode: HQ/HKV:KV_LEN or "
-                        "BATCHxHQ/HKV:KV_LEN (the padded-batch op), e.g. 32/8:100000,8x32/8:32768; paged-decode: BATCHxHQ/HKV:KV_LEN; kda: "
+                        "BATCHxHQ/HKV:KV_LEN (the padded-batch op), each with an optional :HEAD_DIM (default 128), e.g. "
+                        "32/8:100000,8x32/8:32768,16/16:100003:64; paged-decode: BATCHxHQ/HKV:KV_LEN; kda: "
                         "H:LENGTHS, the sequence lengths joined by + (LENxN repeats one), e.g. 4:262144,8:131072+1024x63")
     b.add_argument("--flush", choices=["read", "write"], default="read",
                    help="evict the L2 before each timed call by reading (clean lines, default) or by "

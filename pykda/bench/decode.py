@@ -46,14 +46,16 @@ GRID_COPY_BYTES = 64 << 20   # rows with at least this much KV are also timed ag
 
 
 def parse_shapes(text: str):
-    """`HQ/HKV:S` (one sequence) or `BxHQ/HKV:S` (a padded batch), comma separated, as _cases rows."""
+    """`HQ/HKV:S` (one sequence) or `BxHQ/HKV:S` (a padded batch), each with an optional `:D` (head
+    dim, default 128), comma separated: (batch, Hq, Hkv, S, batched?, D) rows."""
     rows = []
     for item in text.split(","):
-        m = re.fullmatch(r"(?:(\d+)x)?(\d+)/(\d+):(\d+)", item.strip())
+        m = re.fullmatch(r"(?:(\d+)x)?(\d+)/(\d+):(\d+)(?::(\d+))?", item.strip())
         if m is None:
-            raise ValueError(f"--shapes: {item!r} is not HQ/HKV:S or BxHQ/HKV:S (e.g. 32/8:100000, 8x32/8:32768)")
-        b, hq, hkv, s = (int(g) if g else None for g in m.groups())
-        rows.append((b or 1, hq, hkv, s, b is not None))
+            raise ValueError(f"--shapes: {item!r} is not HQ/HKV:S[:D] or BxHQ/HKV:S[:D] (e.g. 32/8:100000, "
+                             f"8x32/8:32768, 16/16:100003:64)")
+        b, hq, hkv, s, d = (int(g) if g else None for g in m.groups())
+        rows.append((b or 1, hq, hkv, s, b is not None, d or D))
     return rows
 
 
@@ -63,7 +65,7 @@ def _cases(quick: bool, shapes: str | None = None, grid: bool = False):
     if grid:
         return [(b, hq, hkv, s, b > 1, d, uneven) for b, hq, hkv, d, s, uneven in GRID]
     if shapes:
-        return [(*row, D, False) for row in parse_shapes(shapes)]
+        return [(*row, False) for row in parse_shapes(shapes)]
     single, batch = (QUICK, QUICK_BATCH) if quick else (SHAPES, BATCH_SHAPES)
     return [(1, hq, hkv, s, False, D, False) for hq, hkv, s in single] + \
         [(b, hq, hkv, s, True, D, False) for b, hq, hkv, s in batch]
