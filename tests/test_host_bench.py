@@ -509,9 +509,10 @@ def test_bench_kda_takes_its_sweep_options():
 
 
 def test_speculative_rows_time_target_verify_on_the_same_tokens(monkeypatch, capsys):
-    """A speculative row also times SGLang's target verify of its tokens: each sequence from its
-    table's first row, a [B, T, H, V, K] buffer at slots 0..B-1, the pool only read; the table
-    prints it beside the K-first time."""
+    """A speculative row also times SGLang's target verify of its tokens (each sequence from its
+    table's first row, a [B, T, H, V, K] buffer at slots 0..B-1, the pool only read) and the same
+    tokens with 1-D rows (the final state written once); the table prints both beside the K-first
+    time."""
     calls = []
 
     def recorder(q, k, v, g, beta, **kw):
@@ -528,7 +529,14 @@ def test_speculative_rows_time_target_verify_on_the_same_tokens(monkeypatch, cap
     assert row == {"verify_us": 10.0} and kw["disable_state_update"] is True and kw["initial_state"] is pool
     assert kw["state_indices"].tolist() == [0, 2, 4] and kw["intermediate_state_indices"].tolist() == [0, 1, 2]
     assert tuple(kw["intermediate_states_buffer"].shape) == (B, T, H, D, D)
+    calls.clear()
+    bench._one_row_step(row, x, pool, idx, "safe", _Timer(), 5)
+    (kw,) = calls
+    assert kw["state_indices"].tolist() == [0, 2, 4] and kw["initial_state"] is pool
+    assert "num_accepted_tokens" not in kw and "intermediate_states_buffer" not in kw, "1-D rows, the final state only"
+    assert row["oned_us"] == 10.0 and row["oned_tbs"] == pytest.approx(2 * B * H * 128 * 128 * 4 / 10.0 / 1e6)
     bench._print_spec([dict(gate="safe", pool="float32", H=H, B=B, T=1, us=5.0),
-                       dict(gate="safe", pool="float32", H=H, B=B, T=2, us=8.0, verify_us=7.5)])
+                       dict(gate="safe", pool="float32", H=H, B=B, T=2, us=8.0, verify_us=7.5, oned_us=6.25,
+                            oned_tbs=1.23)])
     lines = capsys.readouterr().out.splitlines()
-    assert "verify" in lines[2] and "7.5" in lines[4]
+    assert "verify" in lines[2] and "1-D" in lines[2] and "7.5" in lines[4] and "6.2" in lines[4] and "1.23" in lines[4]

@@ -228,6 +228,19 @@ def _verify_step(row, x, pool, idx, gate, timer, repeats) -> None:
         row["verify_error"] = f"{type(exc).__name__}: {exc}"[:200]
 
 
+def _one_row_step(row, x, pool, idx, gate, timer, repeats) -> None:
+    """The same tokens with 1-D state_indices (each sequence from its table's first row, only the
+    final state written back: two state transfers, issue 11's count): row["oned_us"] and
+    row["oned_tbs"], a failure as row["oned_error"]."""
+    rows = idx[:, 0].contiguous()
+    step = lambda: ours_step(x, pool, rows, gate)   # noqa: E731
+    try:
+        row["oned_us"] = timer.median_us(step, warmup=10, repeats=repeats)
+        row["oned_tbs"] = state_bytes(idx.shape[0], pool.shape[1], pool) / row["oned_us"] / 1e6
+    except Exception as exc:
+        row["oned_error"] = f"{type(exc).__name__}: {exc}"[:200]
+
+
 def _measure(row, prefix, fn, timer, repeats, host_n):
     """Kernel µs, host µs and graph host µs of `fn` into row[prefix + ...]; errors as text."""
     try:
@@ -294,6 +307,7 @@ def _case(gate, pool_dtype, H, B, fla_entry, timer, copy_tbs, repeats, host_n, T
     _k_first_step(row, x, pool, idx, gate, accepted, timer, repeats)
     if T:
         _verify_step(row, x, pool, idx, gate, timer, repeats)
+        _one_row_step(row, x, pool, idx, gate, timer, repeats)
     copy_us = timer.copy_us(nbytes // 2, repeats=repeats)
     row["copy_us"] = copy_us
     if row.get("us"):
@@ -388,7 +402,7 @@ def _print_spec(rows):
     """The speculative-decode table: a row per T, its time over the T = 1 row's of the same case."""
     print("\nspeculative decode: [B, T] state_indices + num_accepted_tokens, a state row written per token")
     print(f"{'gate':>8} {'pool':>8} {'H':>3} {'B':>4} {'T':>2} {'us':>7} {'x T=1':>6} {'TB/s':>5} {'err':>7} "
-          f"{'K-1st':>7} {'verify':>7} | {'fla us':>7} {'err':>7} {'x fla':>6}")
+          f"{'K-1st':>7} {'verify':>7} {'1-D':>7} {'TB/s':>5} | {'fla us':>7} {'err':>7} {'x fla':>6}")
     one = {(r["gate"], r["pool"], r["H"], r["B"]): r.get("us") for r in rows if r["T"] == 1}
     for r in rows:
         g = r.get
@@ -397,14 +411,16 @@ def _print_spec(rows):
         ratio = g("fla_us") / g("us") if g("fla_us") and g("us") else None
         print(f"{r['gate']:>8} {r['pool']:>8} {r['H']:3d} {r['B']:4d} {r['T']:2d} {_cell(g('us'), '.1f', 7)} "
               f"{_cell(slower, '.2f', 6)} {_cell(g('tbs'), '.2f', 5)} {_cell(g('err'), '.1e', 7)} "
-              f"{_cell(g('kfirst_us'), '.1f', 7)} {_cell(g('verify_us'), '.1f', 7)} | "
+              f"{_cell(g('kfirst_us'), '.1f', 7)} {_cell(g('verify_us'), '.1f', 7)} {_cell(g('oned_us'), '.1f', 7)} "
+              f"{_cell(g('oned_tbs'), '.2f', 5)} | "
               f"{_cell(g('fla_us'), '.1f', 7)} {_cell(g('fla_err'), '.1e', 7)} {_cell(ratio, '.2f', 6)}")
     for r in rows:
         for k, v in r.items():
             if k.endswith("error"):
                 print(f"  {case_label((r['gate'], r['pool'], r['H'], r['B'], r['T']))} {k}: {v}")
     print("TB/s: state bytes moved (one read, T writes) over the kernel time; verify: kernel µs of SGLang's target "
-          "verify of the same tokens (1-D rows, each token's state into a buffer, the pool only read)")
+          "verify of the same tokens (1-D rows, each token's state into a buffer, the pool only read); 1-D: the same "
+          "tokens with 1-D rows, the final state written once, and its TB/s of those two transfers")
 
 
 def _print(rows, fla_label):
