@@ -22,9 +22,10 @@ def _cases(quick: bool, shapes: str | None):
     """(batch, Hq, Hkv, S) rows; S a multiple of every page size."""
     if not shapes:
         return QUICK_BATCH if quick else BATCH_SHAPES
-    rows = [(b, hq, hkv, s) for b, hq, hkv, s, _, d in parse_shapes(shapes) if d == D]
-    if len(rows) < len(shapes.split(",")):
+    parsed = parse_shapes(shapes)
+    if any(d != D for *_, d in parsed):
         raise ValueError(f"paged-decode --shapes: head dim {D} only")
+    rows = [(b, hq, hkv, s) for b, hq, hkv, s, _, _ in parsed]
     if any(s % max(PAGE_SIZES) for *_, s in rows):
         raise ValueError(f"paged-decode --shapes: every KV_LEN must be a multiple of {max(PAGE_SIZES)}")
     return rows
