@@ -382,6 +382,10 @@ def test_plain_decode_has_no_verify():
      r"intermediate_state_indices must have shape \[N\]"),
     (dict(intermediate_states_buffer=arr((5, 4, 8, 128, 128), "float32"), intermediate_state_indices=arr((4,), "int32"),
           state_indices=arr((4, 2), "int32")), "takes 1-D state_indices"),
+    (dict(intermediate_states_buffer=arr((5, 0, 8, 128, 128), "float32"), intermediate_state_indices=arr((4,), "int32")),
+     "needs a slot and a step at least"),
+    (dict(intermediate_states_buffer=arr((5, 4, 8, 128, 128), "float32"), intermediate_state_indices=arr((4,), "float32")),
+     "intermediate_state_indices must have dtype int32 or int64"),
 ])
 def test_bad_target_verify_arguments_are_named(over, message):
     a = args()
