@@ -161,14 +161,15 @@ def test_split_batch_is_a_partial_launch_then_a_merge(offline, layout):
     names = [entry[0] for entry in offline["launches"]]
     assert names == ["decode_partial", "decode_merge"]
     _, grid, block, smem, args, _ = offline["launches"][0]
-    assert grid == (7, hkv, B) and block == (160, 1, 1) and smem == plan.smem   # 7 chunks, the last of 232 rows
+    # ceil(1000 / 128) = 8 chunks, the last of 104 rows
+    assert grid == (8, hkv, B) and block == (160, 1, 1) and smem == plan.smem
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", params)
     assert lens.ptr in args and BASE * 4 in args
     _, grid, block, smem, merge_args, _ = offline["launches"][1]
     assert grid == (B * hq, d // 32, 1) and block == (256, 1, 1) and smem == 0   # a CTA per query row and 32 columns
     assert [_KINDS[type(a)] for a in merge_args] == kernel_parameters("decode_merge", params)
     ws_o, ws_lse, kv_lens, kv_len, q_heads, n_chunks, chunk, o_p, *_, lse_p = merge_args
-    assert (ws_o, ws_lse, kv_lens) == tuple(args[11:13]) + (lens.ptr,) and (kv_len, q_heads, n_chunks, chunk) == (S, hq, 7, 128)
+    assert (ws_o, ws_lse, kv_lens) == tuple(args[11:13]) + (lens.ptr,) and (kv_len, q_heads, n_chunks, chunk) == (S, hq, 8, 128)
     assert (o_p, lse_p) == (args[13], args[16]) and lse_p != 0
     assert len(offline["workspaces"]) == 1, "one workspace: the partials and their LSEs"
     # both maps walk (head_dim, kv_heads, kv_len, batch), whatever the layout in memory
@@ -179,23 +180,27 @@ def test_split_batch_is_a_partial_launch_then_a_merge(offline, layout):
 @pytest.mark.parametrize("chunk_size", [None, 192, 1664])
 def test_the_chunk_is_the_last_argument(offline, chunk_size):
     """The plan's chunk reaches the kernel as its last argument (an int; every other argument
-    keeps its place), any multiple of the tile, the planner's or asked for."""
+    keeps its place), any multiple of the tile, the planner's or asked for; ceil(S / chunk) chunks."""
     B, S, hq, hkv, d = 1, 50000, 64, 8, 128
     q, k, v = arr((B, hq, d)), arr((B, S, hkv, d)), arr((B, S, hkv, d))
     decode.flash_decode(q, k, v, batched=True, chunk_size=chunk_size)
     rows = chunk_size or plan_decode(DecodeProblem(S, hq, hkv, d, "bfloat16", B), **H200).chunk
+    # the planner's 1536 rows (24 tiles): 33 chunks, the last of 848 rows; 192: 261, the last of 80;
+    # 1664: 31, the last of 80
+    n_chunks = -(-S // rows)
+    assert (rows, n_chunks) == {None: (1536, 33), 192: (192, 261), 1664: (1664, 31)}[chunk_size]
     (_, grid, _, _, args, spec), (merge, *_, merge_args, _) = offline["launches"]
-    assert grid == (S // rows, hkv, B) and args[-1] == rows and type(args[-1]) is np.int32
+    assert grid == (n_chunks, hkv, B) and args[-1] == rows and type(args[-1]) is np.int32
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", spec.param_dict)
     assert len(args) == len(decode.KERNEL_SIGNATURE) == 26
-    assert merge == "decode_merge" and merge_args[5:7] == (S // rows, rows)
+    assert merge == "decode_merge" and merge_args[5:7] == (n_chunks, rows)
 
 
 def test_split_decode_takes_one_workspace_from_q_partials_then_lse(offline):
     B, S, hq, hkv, d = 3, 1000, 32, 8, 128
     q, k, v = arr((B, hq, d)), arr((B, S, hkv, d)), arr((B, S, hkv, d))
     decode.flash_decode(q, k, v, batched=True, chunk_size=128)
-    n_part = B * hq * (S // 128)   # partial rows
+    n_part = B * hq * -(-S // 128)   # partial rows: ceil(1000 / 128) = 8 chunks, the last of 104 rows
     ((ref, stream, nbytes),) = offline["workspaces"]
     assert ref is q and stream == 0
     (*_, args, _), (*_, merge_args, _) = offline["launches"]

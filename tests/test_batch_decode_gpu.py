@@ -84,7 +84,8 @@ def test_matches_reference(S, B, layout, hq, hkv, d, dtype):
 
 @pytest.mark.parametrize("chunk_size", [64, 192])   # 192: 3 tiles, not a power of two
 def test_split_sequences_of_different_lengths_and_scale(chunk_size):
-    """A forced small chunk: sequences of 0, 1, 64, 65 and 1000 rows take 1..16 chunks each (1..5 of 192)."""
+    """A forced small chunk: sequences of 0, 1, 64, 65 and 1000 rows take ceil(rows / chunk) chunks,
+    1..16 each (1..6 of 192), the last the remainder (at 64, 65 rows end in a chunk of one row)."""
     lens = [0, 1, 64, 65, 1000]
     q, k, v = make(5, 1000, 16, 4, 128, "bfloat16", lens, seed=1)
     kv_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")

@@ -122,8 +122,11 @@ def test_plan_covers_every_row_and_fills_the_gpu(S, hq, hkv):
     p = DecodeProblem(S, hq, hkv, 128, "bfloat16")
     plan = plan_decode(p, **H200)
     assert plan.chunk % TILE_ROWS[128] == 0 and plan.block_n == TILE_ROWS[128]
-    # kv_len // chunk chunks, the last taking the remainder (a single chunk may be short)
-    assert plan.n_chunks == max(1, S // plan.chunk)
+    # ceil(kv_len / chunk) chunks, the last the remainder (at most a chunk; a single chunk may be
+    # short): every row in a chunk, no chunk empty (131073 rows: the last chunk of one row, 131072:
+    # 33 chunks of 63 tiles, the last of 32; see test_plan_takes_chunks_of_any_tile_count)
+    assert plan.n_chunks == -(-S // plan.chunk)
+    assert (plan.n_chunks - 1) * plan.chunk < S <= plan.n_chunks * plan.chunk
     ctas = plan.n_chunks * hkv * plan.head_blocks
     if S >= 8192:
         assert ctas >= 132, "every SM gets work"
@@ -137,7 +140,8 @@ def test_plan_groups_query_heads_per_kv_head():
 
 def test_plan_chunk_override_and_its_check():
     p = DecodeProblem(8192, 32, 8, 128, "bfloat16")
-    assert plan_decode(p, chunk_size=512, **H200).n_chunks == 16
+    assert plan_decode(p, chunk_size=512, **H200).n_chunks == 16   # 8192 = 16 · 512: 16 chunks
+    assert plan_decode(p, chunk_size=576, **H200).n_chunks == 15   # ceil(8192 / 576): 14 of 576, the last of 128
     with pytest.raises(ValueError, match="chunk_size must be a positive multiple of 64"):
         plan_decode(p, chunk_size=100, **H200)
     p64 = DecodeProblem(8192, 32, 8, 64, "bfloat16")   # head_dim 64 streams 128-row tiles
@@ -156,34 +160,43 @@ def _waves(p, plan, sm_count=132, smem_per_sm=233472):
     return -(-(plan.n_chunks * p.batch * p.kv_heads * plan.head_blocks) // slots)
 
 
+# Chunks by ceil: n = ceil(tiles of S / tiles), cost waves · (tiles + 1.5) + 2 + n / 16 when split;
+# slots on the H200: 132 SMs x 2 CTAs (D 64/128) or x 1 (D 256). Each pick below is the least cost,
+# checked by hand (and against `_every_tile_count`); in parentheses, a rival's cost (the old floor
+# planner's pick where it differs: 26, 24, 244 and 64 tiles):
 @pytest.mark.parametrize("S, hq, hkv, d, batch, tiles, n_chunks, waves", [
-    (50000, 64, 8, 128, 1, 26, 30, 1),    # session 11's losing shapes: 8, 16, 16 tiles in 3 waves as powers of two
-    (200000, 32, 4, 128, 1, 48, 65, 1),
-    (99999, 64, 4, 256, 1, 24, 65, 2),
-    (500000, 64, 4, 128, 2, 244, 32, 1),
-    (8192, 32, 32, 128, 1, 16, 8, 1),     # shapes the powers of two already served: their picks stay
-    (131072, 32, 8, 128, 1, 64, 32, 1),
-    (65536, 128, 8, 128, 1, 32, 32, 1),
+    # session 11's losing shapes: 8, 16, 16 tiles in 3 waves as powers of two
+    (50000, 64, 8, 128, 1, 24, 33, 1),    # 782 tiles: 33 x 8 = 264 CTAs, 25.5 + 2 + 33/16 = 29.56 (26 tiles, 31: 31.44)
+    (200000, 32, 4, 128, 1, 48, 66, 1),   # 3125 tiles: 66 x 4 = 264, 49.5 + 2 + 66/16 = 55.63 (49 tiles, 64: 56.5)
+    (99999, 64, 4, 256, 1, 48, 33, 1),    # 1563 tiles: 33 x 4 = 132 slots, 53.56 (24 tiles, 66 in 2 waves: 57.13)
+    (500000, 64, 4, 128, 2, 237, 33, 1),  # 7813 tiles: 33 x 8 = 264, 238.5 + 2 + 33/16 = 242.56 (238 tiles: 243.56)
+    # shapes the powers of two already served
+    (8192, 32, 32, 128, 1, 16, 8, 1),     # 128 tiles: 8 x 32 = 256, 17.5 + 2.5 = 20 (17: 21; 8, 2 waves: 22)
+    (131072, 32, 8, 128, 1, 63, 33, 1),   # 2048 tiles: 33 x 8 = 264 (the last of 32 tiles), 68.56 (64 x 32: 69.5)
+    (65536, 128, 8, 128, 1, 32, 32, 1),   # 1024 tiles: 32 x 8 = 256, 33.5 + 4 = 37.5 (33: 38.5; 16, 2 waves: 41)
 ])
 def test_plan_takes_chunks_of_any_tile_count(S, hq, hkv, d, batch, tiles, n_chunks, waves):
     """The chunk is a kernel argument: the planner prices every tile count, so 64/8 S=50000 D128
-    runs 30 chunks of 26 tiles (1664 rows) in one wave on an H200 rather than 97 of 8 in three."""
+    runs 33 chunks of 24 tiles (1536 rows, the last of 848) in one wave on an H200 rather than 98
+    of 8 in three."""
     p = DecodeProblem(S, hq, hkv, d, "bfloat16", batch)
     plan = plan_decode(p, **H200)
     assert (plan.chunk, plan.n_chunks, _waves(p, plan)) == (tiles * TILE_ROWS[d], n_chunks, waves)
+    assert n_chunks == -(-S // (tiles * TILE_ROWS[d])) and plan.chunk == _every_tile_count(p)
 
 
 def _every_tile_count(p, sm_count=132, smem_per_sm=233472):
     """The planner's cost priced at every tile count from 1 (up to the first of one chunk): the
-    least cost's smallest tile count."""
+    least cost's smallest tile count. A sequence has ceil(kv_len / chunk) chunks (the last the
+    remainder, never more than a chunk), so each wave costs a whole chunk: waves x (tiles + 1.5),
+    plus the merge when split."""
     bn, stages = TILE_ROWS[p.head_dim], decode.DEFAULT_STAGES[p.head_dim]
     n_tiles, units = -(-p.kv_len // bn), p.batch * p.kv_heads * p.head_blocks
     slots = sm_count * decode.ctas_per_sm(p.head_dim, stages, smem_per_sm)
     best = None
     for tiles in range(1, n_tiles + 1):
-        n_chunks = max(1, p.kv_len // (tiles * bn))
-        last = n_tiles - (n_chunks - 1) * tiles
-        cost = -(-(n_chunks * units) // slots) * (min(tiles, last) + 1.5) + max(0, last - tiles)
+        n_chunks = -(-p.kv_len // (tiles * bn))
+        cost = -(-(n_chunks * units) // slots) * (tiles + 1.5)
         cost += 2.0 + n_chunks / 16 if n_chunks > 1 else 0
         if best is None or cost < best[0]:
             best = (cost, tiles)
@@ -193,7 +206,8 @@ def _every_tile_count(p, sm_count=132, smem_per_sm=233472):
 
 
 def test_plan_is_the_scan_of_every_tile_count():
-    """`chunk_tile_counts` prices the ends of each run of one chunk count only: the same pick."""
+    """`chunk_tile_counts` prices the first tile count of each run of one chunk count only: the
+    same pick."""
     rng = np.random.default_rng(13)
     for _ in range(400):
         d = int(rng.choice(decode.HEAD_DIMS))
@@ -203,6 +217,10 @@ def test_plan_is_the_scan_of_every_tile_count():
         assert plan_decode(p, **H200).chunk == _every_tile_count(p), p
     for S in (1, 63, 64, 65, 127, 128, 129, 1000, 4096, 50000):
         assert list(decode.chunk_tile_counts(S, 64)) == sorted(set(decode.chunk_tile_counts(S, 64)))
+        # exactly each t whose ceil chunk count differs from t - 1's, up to the first of one chunk
+        n_tiles = -(-S // 64)
+        firsts = [t for t in range(1, n_tiles + 1) if t == 1 or -(-S // (t * 64)) != -(-S // ((t - 1) * 64))]
+        assert list(decode.chunk_tile_counts(S, 64)) == firsts, S
 
 
 def test_plan_of_the_longest_rows_is_quick_and_fits_an_int():
@@ -213,7 +231,9 @@ def test_plan_of_the_longest_rows_is_quick_and_fits_an_int():
         t0 = time.perf_counter()
         plan = plan_decode(p, **H200)
         assert time.perf_counter() - t0 < 2.0
-        assert 0 < plan.chunk < 1 << 31 and plan.n_chunks * plan.chunk <= p.kv_len
+        # ceil: every row in a chunk, the last chunk's first row (the kernel's int) below kv_len
+        assert 0 < plan.chunk < 1 << 31 and plan.n_chunks == -(-p.kv_len // plan.chunk)
+        assert (plan.n_chunks - 1) * plan.chunk < p.kv_len <= plan.n_chunks * plan.chunk
 
 
 def test_any_chunk_size_override_is_one_kernel():
@@ -221,7 +241,7 @@ def test_any_chunk_size_override_is_one_kernel():
     the one kernel (the chunk is its last argument, not a template constant)."""
     p = DecodeProblem(50000, 64, 8, 128, "bfloat16")
     plan = plan_decode(p, chunk_size=192, **H200)
-    assert (plan.chunk, plan.n_chunks) == (192, 50000 // 192)
+    assert (plan.chunk, plan.n_chunks) == (192, 261)   # ceil(50000 / 192): 260 of 192, the last of 80 rows
     specs = {decode.decode_spec(p, plan_decode(p, chunk_size=c, **H200), "sm_90a") for c in (192, 512, 1664, 4096)}
     assert specs == {decode.decode_spec(p, plan_decode(p, **H200), "sm_90a")}
     assert "CHUNK" not in decode.decode_spec(p, plan, "sm_90a").param_dict

@@ -367,7 +367,9 @@ def test_stubbed_single_decode_reads_the_call_values():
         assert len(decode.PREPARED.results) == 1
         call = decode.PREPARED.last[1]
     chunk, n_chunks = call.plan.chunk, call.plan.n_chunks
-    assert call.plan.split and chunk == 128 and n_chunks == S // chunk and len(seen) == 4 and len(gpu.scratch) == 2
+    # 4096 = 32 · 128 rows: 32 chunks (ceil of an exact multiple: no extra chunk)
+    assert call.plan.split and chunk == 128 and n_chunks == -(-S // chunk) == 32
+    assert len(seen) == 4 and len(gpu.scratch) == 2
     assert set(gpu.kernels) == {"decode_partial", "decode_merge"}
     for (_, params, geometry), (_, merge, merge_geometry), (q, k, v, o, lse) in zip(seen[0::2], seen[1::2], calls):
         ws = _workspace(call, gpu.scratch)
@@ -429,7 +431,7 @@ def test_stubbed_paged_run_reads_the_call_values(page_size):
     with stubbed_gpu(twin) as gpu:
         seen = _driver_reads(decode.KERNEL_SIGNATURE, decode.MERGE_SIGNATURE)
         dec = paged_decode.BatchDecodeWithPagedKVCache("NHD")
-        dec.plan(indptr, indices, last, hq, hkv, D, page_size, chunk_size=64)   # split: 4 chunks
+        dec.plan(indptr, indices, last, hq, hkv, D, page_size, chunk_size=64)   # split: ceil(300 / 64) = 5 chunks
         assert dec._tables.tolist() == [*lens, *indptr[:-1]]
         for _ in range(2):
             q = torch.randn(len(lens), hq, D).to(bf)
@@ -439,7 +441,7 @@ def test_stubbed_paged_run_reads_the_call_values(page_size):
         assert len(paged_decode.PREPARED.results) == 1
         call = paged_decode.PREPARED.last[1]
     tables = dec._tables.data_ptr()
-    assert call.plan.n_chunks == 4 and len(seen) == 4 and len(gpu.scratch) == 2
+    assert call.plan.n_chunks == 5 and len(seen) == 4 and len(gpu.scratch) == 2   # the last of 44 rows
     assert set(gpu.kernels) == {"decode_partial", "decode_merge"}
     for (_, params, geometry), (_, merge, merge_geometry), (q, k, v, o, lse) in zip(seen[0::2], seen[1::2], calls):
         ws = _workspace(call, gpu.scratch)
@@ -452,7 +454,7 @@ def test_stubbed_paged_run_reads_the_call_values(page_size):
                                  v.data_ptr()]
         assert params[21:] == [num_pages, *k.stride()[:3], 64]   # the pages' count and strides, then the chunk
         assert merge_geometry == _merge_geometry(len(lens), hq)
-        assert merge == ws + [tables, paged_decode.MAX_ROWS, hq, 4, 64, o.data_ptr(), hq * D, D, lse.data_ptr()]
+        assert merge == ws + [tables, paged_decode.MAX_ROWS, hq, 5, 64, o.data_ptr(), hq * D, D, lse.data_ptr()]
     assert gpu.scratch == []   # one block per split call, each checked
 
 

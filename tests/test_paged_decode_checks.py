@@ -255,10 +255,11 @@ def test_run_is_a_partial_launch_then_a_merge_with_the_page_table(offline, page_
     plan = decode.plan_decode(p, **H200, chunk_size=128)
     assert spec == decode.decode_spec(p, plan, "sm_90a", page_size) and smem == plan.smem
     assert spec.param_dict["PAGE"] == page_size and spec.param_dict["GATHER"] == (page_size < 16)
-    assert name == "decode_partial" and grid == (1000 // 128, hkv, B) and block == (160, 1, 1)
+    # ceil(1000 / 128) = 8 chunks (the longest request's), the last of 104 rows
+    assert name == "decode_partial" and grid == (8, hkv, B) and block == (160, 1, 1)
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", spec.param_dict)
     assert args[5] == TABLES and args[6] == paged_decode.MAX_ROWS, "rows per request from the plan, never clamped"
-    n_part = B * hq * 7   # partial rows
+    n_part = B * hq * 8   # partial rows: 8 chunks
     assert args[11:13] == (BASE * 4, BASE * 4 + n_part * d * 4), "the partial outputs (fp32), then their LSE"
     assert args[17:21] == (TABLES + 4 * B, INDICES, K, V)
     page, row, head = (page_size * hkv * d, hkv * d, d) if layout == "NHD" else (hkv * page_size * d, d, page_size * d)
@@ -266,7 +267,7 @@ def test_run_is_a_partial_launch_then_a_merge_with_the_page_table(offline, page_
     assert merge == "decode_merge" and merge_spec == spec
     assert (merge_grid, merge_block, merge_smem) == ((B * hq, d // 32, 1), (256, 1, 1), 0)
     assert [_KINDS[type(a)] for a in merge_args] == kernel_parameters("decode_merge", spec.param_dict)
-    assert merge_args == (*args[11:13], TABLES, paged_decode.MAX_ROWS, hq, 7, 128, *args[13:17]) and args[16] != 0, \
+    assert merge_args == (*args[11:13], TABLES, paged_decode.MAX_ROWS, hq, 8, 128, *args[13:17]) and args[16] != 0, \
         "the workspace, the rows per request, heads, chunks and chunk; out, its strides and the LSE"
     if page_size < 16:   # gathered: no tensor maps
         assert offline["maps"] == [] and args[3] == args[4] == bytes(128)

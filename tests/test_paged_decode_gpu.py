@@ -100,7 +100,9 @@ def test_matches_reference(page_size, layout, hq, hkv, d, dtype):
 # 192 rows = 3 tiles (not a power of two): with 128-row pages every other chunk starts mid-page
 @pytest.mark.parametrize("page_size, chunk_size", [(1, 64), (16, 64), (64, 64), (1, 192), (16, 192), (128, 192)])
 def test_split_requests_merge_with_scale(page_size, chunk_size):
-    """A forced small chunk: requests of 0..5000 rows take 1..78 chunks each (1..26 of 192), merged by decode_merge."""
+    """A forced small chunk: requests of 0..5000 rows take ceil(rows / chunk) chunks, 1..79 each (1..27 of
+    192), the last the remainder (at 64, 65, 129 and 4097 rows end in a chunk of one row), merged by
+    decode_merge."""
     lens = [5000, 64, 65, 0, 4097, 129]
     q, k, v, tables = make(lens, page_size, 32, 4, 128, "bfloat16", "NHD", seed=7 + page_size)
     o, lse = decode(q, k, v, tables, page_size, "NHD", 4, scale=0.3, chunk_size=chunk_size)

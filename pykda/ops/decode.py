@@ -97,21 +97,18 @@ def merge_cost(n_chunks: int) -> float:
 
 def chunk_tile_counts(kv_len: int, block_n: int) -> Iterator[int]:
     """The tile counts t that `plan_decode` prices, increasing, up to the first that makes one
-    chunk: the first and last t of each run of t with the same chunk count n = kv_len // (t ·
-    block_n). Within a run the cost is linear in t (waves · (t + 1.5) + n_tiles - n · t + the
-    merge, the waves and the merge fixed by n), so its least is at an end, and at the first where
-    the whole run ties: the pick of pricing every t from 1, in O(sqrt(kv_len / block_n)) steps
-    (a paged plan may be for 2^31 - 1 rows)."""
+    chunk: the smallest t of each run of t with the same chunk count n = ceil(n_tiles / t).
+    Within a run the cost (waves · (t + 1.5) + the merge, the waves and the merge fixed by n)
+    grows with t, so its least is the run's first: the pick of pricing every t from 1, in
+    O(sqrt(n_tiles)) steps (a paged plan may be for 2^31 - 1 rows)."""
+    n_tiles = -(-kv_len // block_n)
     t = 1
     while True:
-        n_chunks = kv_len // (t * block_n)
+        n_chunks = -(-n_tiles // t)
         yield t
         if n_chunks <= 1:
             return
-        last_of_run = kv_len // (n_chunks * block_n)
-        if last_of_run > t:
-            yield last_of_run
-        t = last_of_run + 1
+        t = -(-n_tiles // (n_chunks - 1))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -121,10 +118,11 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
 
     Candidate chunks are any whole number of tiles, from one tile to the first count that makes
     the sequence one chunk (the chunk is a kernel argument: one kernel serves them all); a
-    sequence has kv_len // chunk chunks, the last taking the remainder. Cost, in tile times:
-    waves x (tiles per chunk + a tile and a half of prologue/epilogue) + the last chunk's extra
-    tiles + `merge_cost` when split; the least cost's smallest chunk wins
-    (`chunk_tile_counts` prices only the tile counts where it can be).
+    sequence has ceil(kv_len / chunk) chunks, the last the remainder, so no CTA streams more than
+    a chunk (with kv_lens, whatever each sequence's length; a paged plan's graph replayed over
+    longer requests gives the rest to the last chunk). Cost, in tile times: waves x (tiles
+    per chunk + a tile and a half of prologue/epilogue) + `merge_cost` when split; the least
+    cost's smallest chunk wins (`chunk_tile_counts` prices only the tile counts where it can be).
     """
     stages = stages or DEFAULT_STAGES[p.head_dim]
     heads_per_cta = min(p.group, MAX_HEADS_PER_CTA)
@@ -141,10 +139,9 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
         slots = sm_count * ctas_per_sm(p.head_dim, stages, smem_per_sm)
         best = None
         for tiles in chunk_tile_counts(p.kv_len, block_n):
-            n_chunks = max(1, p.kv_len // (tiles * block_n))
-            last = n_tiles - (n_chunks - 1) * tiles        # tiles of each sequence's last chunk
+            n_chunks = -(-n_tiles // tiles)
             waves = -(-(n_chunks * units) // slots)
-            cost = waves * (min(tiles, last) + 1.5) + max(0, last - tiles)
+            cost = waves * (tiles + 1.5)
             if n_chunks > 1:
                 cost += merge_cost(n_chunks)
             if best is None or cost < best[0]:
@@ -152,7 +149,7 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
             if n_chunks == 1:
                 break
         tiles = best[1]
-    n_chunks = max(1, p.kv_len // (tiles * block_n))
+    n_chunks = -(-n_tiles // tiles)
     return DecodePlan(chunk=tiles * block_n, block_n=block_n, stages=stages, n_chunks=n_chunks, head_blocks=head_blocks,
                       heads_per_cta=heads_per_cta, smem=smem_bytes(p.head_dim, stages))
 

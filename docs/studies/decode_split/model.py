@@ -1,6 +1,6 @@
 """The decode planner's wave model on the uneven rows of `bench decode --grid`: chunks of a
-sequence by floor (main: rows // chunk chunks, the last taking the remainder, up to two chunks of
-rows in one CTA) against ceil (ceil_chunks.patch: ceil(rows / chunk), none above a chunk).
+sequence by floor (before session 14: rows // chunk chunks, the last taking the remainder, up to
+two chunks of rows in one CTA) against ceil (main since: ceil(rows / chunk), none above a chunk).
 CPU only; units are tile times, as in `plan_decode`.
 
     python docs/studies/decode_split/model.py
@@ -18,8 +18,8 @@ def slots(d: int) -> int:
 
 
 def call_cost(p, tiles: int, lengths, ceil: bool) -> float:
-    """Waves of the CTAs that have work x (the longest CTA's tiles + 1.5) + the merge. (main's
-    planner charges a floor split's extra tiles once, not in every wave; with many waves of last
+    """Waves of the CTAs that have work x (the longest CTA's tiles + 1.5) + the merge. (the floor
+    planner charged a floor split's extra tiles once, not in every wave; with many waves of last
     chunks that is optimistic, so it is not the measure here.)"""
     block_n = D.TILE_ROWS[p.head_dim]
     rows = tiles * block_n
@@ -34,13 +34,22 @@ def call_cost(p, tiles: int, lengths, ceil: bool) -> float:
     return waves * (tiles + max(0, extra) + 1.5) + (D.merge_cost(most) if most > 1 else 0.0)
 
 
+def floor_planner_cost(p, tiles: int) -> float:
+    """The floor planner's own cost (before session 14): a split's extra tiles charged once."""
+    n_tiles = -(-p.kv_len // D.TILE_ROWS[p.head_dim])
+    n = max(1, p.kv_len // (tiles * D.TILE_ROWS[p.head_dim]))
+    last = n_tiles - (n - 1) * tiles
+    waves = -(-(n * p.batch * p.kv_heads * p.head_blocks) // slots(p.head_dim))
+    return waves * (min(tiles, last) + 1.5) + max(0, last - tiles) + (D.merge_cost(n) if n > 1 else 0.0)
+
+
 def pick(p, ceil: bool) -> int:
-    """The tile count each planner picks: main's `plan_decode` (floor), or the patch's rule
-    (ceil: the least cost over every tile count, for sequences of the full length)."""
-    if not ceil:
+    """The tile count each planner picks: the floor planner's least own cost, or main's
+    `plan_decode` (ceil)."""
+    if ceil:
         return D.plan_decode(p, SMS, SMEM).chunk // D.TILE_ROWS[p.head_dim]
     n_tiles = -(-p.kv_len // D.TILE_ROWS[p.head_dim])
-    return min(range(1, n_tiles + 1), key=lambda t: (call_cost(p, t, [p.kv_len] * p.batch, True), t))
+    return min(range(1, n_tiles + 1), key=lambda t: (floor_planner_cost(p, t), t))
 
 
 if __name__ == "__main__":
