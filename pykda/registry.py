@@ -54,11 +54,12 @@ def kda_decode_specs(arch: str) -> Iterator[KernelSpec]:
                     yield kda_decode_spec(spec, plan.rpt, plan.stages, arch)
                 spec = KdaDecodeProblem(1, 12, 32, dim, 3, 4, state, "int64", "int32", variant, 4, "int64")
                 yield kda_decode_spec(spec, 1, default_stages(spec, 1, H200_SMEM_PER_SM), arch)
-                if variant is softplus:   # SGLang's target verify: 64 requests of 4 tokens, packed
+                if variant is softplus:   # SGLang's target verify: 64 requests of 4 tokens, packed; a chain
                     verify = KdaDecodeProblem(1, 256, 32, dim, 64, 128, state, "int32", "int32", variant,
-                                              verify_steps=4, verify_slots=64)
-                    plan = plan_kda_decode(verify, H200_SMS, H200_SMEM_PER_SM)
-                    yield kda_decode_spec(verify, plan.rpt, plan.stages, arch)
+                                              verify_steps=4, verify_slots=64)   # and a tree of drafts
+                    for tree in (verify, verify._replace(parent_cols=4, parent_dtype="int64")):
+                        plan = plan_kda_decode(tree, H200_SMS, H200_SMEM_PER_SM)
+                        yield kda_decode_spec(tree, plan.rpt, plan.stages, arch)
         for gate in GATES:   # every gate mode, β form and dtype pair at the test shape
             for beta in BETAS:
                 for gd in ("bfloat16", "float32"):

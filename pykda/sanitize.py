@@ -107,6 +107,8 @@ TESTS = (
     "tests/test_kda_decode_gpu.py::test_speculative_step_matches_reference[64-bfloat16-softplus-v_first]",   # 2-D rows
     "tests/test_kda_decode_gpu.py::test_speculative_packed_as_vllm_calls_it[float32-v_first]",
     "tests/test_kda_decode_gpu.py::test_target_verify_equals_the_speculative_step[float32-v_first-True]",   # SGLang's
+    "tests/test_kda_decode_gpu.py::test_tree_verify_starts_each_token_from_its_parent[float32-v_first-int64]",
+    "tests/test_kda_decode_gpu.py::test_tree_verify_starts_each_token_from_its_parent[bfloat16-k_first-int32]",
     # K-first pools (whole-state tiles, column sums through shared memory): padding, empty sequences,
     # tokens read from global memory past the staged ones
     "tests/test_kda_decode_gpu.py::test_packed_sequences_with_empty_and_padded_ones[k_first]",

@@ -104,7 +104,6 @@ def test_decode_keeps_sglangs_meanings(calls, lower_bound):
     (dict(is_kda=False), "is_kda=False is SGLang's gated delta net"),
     (dict(softplus_beta=2.0), "softplus_beta must be 1.0"),
     (dict(softplus_threshold=10.0), "softplus_threshold >= 15"),
-    (dict(retrieve_parent_token="tree"), "retrieve_parent_token .* is not supported"),
     (dict(intermediate_states_buffer=torch.zeros(2, 4, 2, 64, 64), cache_steps=3), r"cache_steps \(3\) must be"),
     (dict(cache_steps=4), "cache_steps is given without intermediate_states_buffer"),
     (dict(A_log=None), "A_log is required"),
@@ -168,10 +167,11 @@ def test_kernel_object_decode_and_extend_as_sglangs_backend_calls_them(calls):
     kernel.decode(q, k, v, a, b, A_log=torch.zeros(2), dt_bias="dt", ssm_states=pool, cache_indices=idx,
                   query_start_loc=qsl, lower_bound=-5.0)
     assert calls[-1][2]["safe_gate"] is True and calls[-1][2]["lower_bound"] == -5.0
-    with pytest.raises(ValueError, match="retrieve_parent_token .* is not supported"):
-        kernel.target_verify(torch.zeros(2), "dt", q, k, v, a, b, ssm_states=pool, cache_indices=idx,
-                             query_start_loc=qsl, intermediate_states_buffer=buf, intermediate_state_indices="i",
-                             cache_steps=3, retrieve_parent_token="p")
+    assert calls[-1][2]["retrieve_parent_token"] is None
+    kernel.target_verify(torch.zeros(2), "dt", q, k, v, a, b, ssm_states=pool, cache_indices=idx,
+                         query_start_loc=qsl, intermediate_states_buffer=buf, intermediate_state_indices="i",
+                         cache_steps=3, retrieve_parent_token="tree")   # EAGLE's topk > 1: a tree of drafts
+    assert calls[-1][2]["retrieve_parent_token"] == "tree"
 
 
 def test_packed_decode_reads_q_k_v_in_place_from_the_convolution_output(calls, tensor_outputs):

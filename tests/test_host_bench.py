@@ -525,10 +525,13 @@ def test_speculative_rows_time_target_verify_on_the_same_tokens(monkeypatch, cap
     pool, idx = torch.zeros(9, H, D, D), torch.arange(6, dtype=torch.int32).reshape(B, T)
     row = {}
     bench._verify_step(row, x, pool, idx, "safe", _Timer(), 5)
-    (kw,) = calls
-    assert row == {"verify_us": 10.0} and kw["disable_state_update"] is True and kw["initial_state"] is pool
-    assert kw["state_indices"].tolist() == [0, 2, 4] and kw["intermediate_state_indices"].tolist() == [0, 1, 2]
-    assert tuple(kw["intermediate_states_buffer"].shape) == (B, T, H, D, D)
+    chain, tree = calls
+    assert row == {"verify_us": 10.0, "tree_us": 10.0}
+    for kw in (chain, tree):
+        assert kw["disable_state_update"] is True and kw["initial_state"] is pool
+        assert kw["state_indices"].tolist() == [0, 2, 4] and kw["intermediate_state_indices"].tolist() == [0, 1, 2]
+        assert tuple(kw["intermediate_states_buffer"].shape) == (B, T, H, D, D)
+    assert chain["retrieve_parent_token"] is None and tree["retrieve_parent_token"].tolist() == [[-1, 0]] * B
     calls.clear()
     bench._one_row_step(row, x, pool, idx, "safe", _Timer(), 5)
     (kw,) = calls
@@ -536,7 +539,8 @@ def test_speculative_rows_time_target_verify_on_the_same_tokens(monkeypatch, cap
     assert "num_accepted_tokens" not in kw and "intermediate_states_buffer" not in kw, "1-D rows, the final state only"
     assert row["oned_us"] == 10.0 and row["oned_tbs"] == pytest.approx(2 * B * H * 128 * 128 * 4 / 10.0 / 1e6)
     bench._print_spec([dict(gate="safe", pool="float32", H=H, B=B, T=1, us=5.0),
-                       dict(gate="safe", pool="float32", H=H, B=B, T=2, us=8.0, verify_us=7.5, oned_us=6.25,
-                            oned_tbs=1.23)])
+                       dict(gate="safe", pool="float32", H=H, B=B, T=2, us=8.0, verify_us=7.5, tree_us=7.75,
+                            oned_us=6.25, oned_tbs=1.23)])
     lines = capsys.readouterr().out.splitlines()
-    assert "verify" in lines[2] and "1-D" in lines[2] and "7.5" in lines[4] and "6.2" in lines[4] and "1.23" in lines[4]
+    assert "verify" in lines[2] and "tree" in lines[2] and "1-D" in lines[2]
+    assert "7.5" in lines[4] and "7.8" in lines[4] and "6.2" in lines[4] and "1.23" in lines[4]

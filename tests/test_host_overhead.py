@@ -199,7 +199,7 @@ def measure() -> dict[str, float]:
             f = device_array
             return (f((batch, 1, H, D)), f((batch, 1, H, D)), f((batch, 1, H, D)), f((batch, 1, H, D)),
                     f((batch, 1, H)), f((H,), "float32"), f((H * D,), "float32"), f((2 * batch, H, D, D), "float32"),
-                    f((batch,), "int32"), None, None, None, None, None)
+                    f((batch,), "int32"), None, None, None, None, None, None)
         names, settings = kda_decode.ARGUMENTS, (None, SAFE_GATE_FLAGS, True, None, None, False)
 
         def prepare(arrays):
@@ -331,7 +331,8 @@ def test_stubbed_fused_recurrent_kda_reads_the_call_values():
         assert params[5] == np.asarray(strides, np.int64).tobytes()   # the Layout struct
         assert params[6:12] == [x["A_log"].data_ptr(), x["dt_bias"].data_ptr(), pool.data_ptr(), 2 * B,
                                 pool.stride(0), idx.data_ptr()]
-        assert params[12:] == [0, 0, 0, 0, 1, H, plan.n_tiles, o.data_ptr(), -5.0, 0.5, 0, 0, 0, 0, 0, 1]   # no verify
+        assert params[12:] == [0, 0, 0, 0, 1, H, plan.n_tiles, o.data_ptr(), -5.0, 0.5, 0, 0, 0, 0, 0, 1,
+                              0, 0, 0, 0]   # no verify, no tree
 
 
 def _workspace(call: decode.DecodeCall, scratch: list) -> list:

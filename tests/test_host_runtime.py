@@ -103,7 +103,7 @@ def _kda_decode_arrays(**change):
              beta=arr((B, 1, H)), A_log=arr((H,), "float32"), dt_bias=arr((H * D,), "float32"),
              state=arr((2 * B, H, D, D), "float32"), state_indices=arr((B,), "int32"), num_accepted_tokens=None, cu_seqlens=None,
              out=None, intermediate_states_buffer=None,
-             intermediate_state_indices=None)   # in kda_decode.ARGUMENTS' order
+             intermediate_state_indices=None, retrieve_parent_token=None)   # in kda_decode.ARGUMENTS' order
     a.update(change)
     return tuple(a.values())
 

@@ -360,7 +360,25 @@ def test_target_verify_reaches_the_kernel(fake_launch, disable):
     ((p, launch_args, _),) = fake_launch
     assert (p.verify_steps, p.verify_slots, p.slot_dtype, p.index_cols) == (4, 5, "int64", 0)
     assert kda_decode.kda_decode_spec(p, 8, 3, "sm_90a").param_dict["VERIFY"] is True
-    assert launch_args[22:] == (BASE * 6, BASE * 7, 8 * 128 * 128, 4, 5, 0 if disable else 1)
+    assert launch_args[22:28] == (BASE * 6, BASE * 7, 8 * 128 * 128, 4, 5, 0 if disable else 1)
+    assert launch_args[28:] == (0, 0, 0, 0), "a chain: no parents"
+    assert kda_decode.kda_decode_spec(p, 8, 3, "sm_90a").param_dict["TREE"] is False
+
+
+def test_a_tree_of_drafts_reaches_the_kernel(fake_launch):
+    """retrieve_parent_token [N, C] (SGLang's, EAGLE with topk > 1): the TREE kernel gets the
+    parents' pointer, both element strides (a view's too) and C; its dtype picks the template's."""
+    a = args(B=1, T=12, cu_seqlens=arr((4,), "int32"), state_indices=arr((3,), "int32"))
+    buf = arr((5, 4, 8, 128, 128), "float32", ptr=BASE * 6)
+    parents = arr((3, 4), "int64", strides=(10, 2), ptr=BASE * 8)   # every other column of a [3, 10] table
+    _call(a, **SOFTPLUS_FLAGS._asdict(), state_v_first=True, cu_seqlens=a["cu_seqlens"],
+          intermediate_states_buffer=buf, intermediate_state_indices=arr((3,), "int32", ptr=BASE * 7),
+          disable_state_update=True, retrieve_parent_token=parents, stream=7, out=arr((1, 12, 8, 128), ptr=BASE * 2))
+    ((p, launch_args, _),) = fake_launch
+    assert (p.parent_cols, p.parent_dtype) == (4, "int64")
+    spec = kda_decode.kda_decode_spec(p, 8, 3, "sm_90a").param_dict
+    assert spec["TREE"] is True and spec["PARENT_T"] == "long long" and spec["VERIFY"] is True
+    assert launch_args[28:] == (BASE * 8, 10, 2, 4)
 
 
 def test_plain_decode_has_no_verify():
@@ -386,14 +404,26 @@ def test_plain_decode_has_no_verify():
      "needs a slot and a step at least"),
     (dict(intermediate_states_buffer=arr((5, 4, 8, 128, 128), "float32"), intermediate_state_indices=arr((4,), "float32")),
      "intermediate_state_indices must have dtype int32 or int64"),
+    (dict(retrieve_parent_token=arr((4, 4), "int32")), "retrieve_parent_token .* needs intermediate_states_buffer"),
+    (dict(intermediate_states_buffer=arr((5, 4, 8, 128, 128), "float32"), intermediate_state_indices=arr((4,), "int32"),
+          retrieve_parent_token=arr((4, 4), "float32")), "retrieve_parent_token must have dtype int32 or int64"),
+    (dict(intermediate_states_buffer=arr((5, 4, 8, 128, 128), "float32"), intermediate_state_indices=arr((4,), "int32"),
+          retrieve_parent_token=arr((16,), "int32")), "retrieve_parent_token must be 2-D"),
+    (dict(intermediate_states_buffer=arr((5, 4, 8, 128, 128), "float32"), intermediate_state_indices=arr((4,), "int32"),
+          retrieve_parent_token=arr((3, 4), "int32")), r"retrieve_parent_token must have shape \[N, T\]"),
+    (dict(intermediate_states_buffer=arr((5, 4, 8, 128, 128), "float32"), intermediate_state_indices=arr((4,), "int32"),
+          retrieve_parent_token=arr((4, 0), "int32")), "a column per draft token"),
+    (dict(intermediate_states_buffer=arr((5, 4, 8, 128, 128), "float32"), intermediate_state_indices=arr((4,), "int32"),
+          retrieve_parent_token=arr((4, 4), "int32", device=1)), "one device.*retrieve_parent_token.: 1"),
 ])
 def test_bad_target_verify_arguments_are_named(over, message):
     a = args()
     steps_buffer = over.pop("intermediate_states_buffer", None)
     steps_slots = over.pop("intermediate_state_indices", None)
+    parents = over.pop("retrieve_parent_token", None)
     a.update(over)
     with pytest.raises((TypeError, ValueError), match=message):
-        validate_kda_decode(**a, steps_buffer=steps_buffer, steps_slots=steps_slots)
+        validate_kda_decode(**a, steps_buffer=steps_buffer, steps_slots=steps_slots, parents=parents)
 
 
 def test_disable_state_update_needs_1d_indices(fake_launch):
@@ -409,4 +439,4 @@ def test_disable_state_update_alone_reads_the_pool_only(fake_launch):
     _call(a, **SAFE_GATE_FLAGS._asdict(), state_v_first=True, disable_state_update=True, stream=7,
           out=arr((4, 1, 8, 128), ptr=BASE * 2))
     ((p, launch_args, _),) = fake_launch
-    assert p.verify_steps == 0 and launch_args[22:] == (0, 0, 0, 0, 0, 0)
+    assert p.verify_steps == 0 and launch_args[22:] == (0,) * 10

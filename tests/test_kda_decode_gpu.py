@@ -582,3 +582,95 @@ def test_target_verify_equals_the_speculative_step(state_dtype, layout, disable)
             assert torch.equal(pool[r], before[r]), f"pool row {r} changed"
         else:
             assert torch.equal(pool[r], spec_pool[P + n * steps + lens[n] - 1]), f"pool row {r}"
+
+
+# trees of drafts, as retrieve_parent_token rows (-1: a root, from the pool row's state)
+TREES = [[-1, 0, 0, 1, 1, 2],    # branches: two children each
+         [-1, 0, 1, 2, 3, 4],    # a chain
+         [-1, 0, 0, 0, 0, 0],    # a star
+         [-1, 0, -1, 2, 1],      # a second root, and a parent two tokens back
+         [-1, 0, 1, 1, 0, 4],    # a padded request (no pool row)
+         [-1, 0, 0, 2, 2, 1]]    # a request without a buffer slot: its tokens chain
+
+
+def tree_paths(parents):
+    """Each token's path from its root: the tokens whose updates lead to its state, in order."""
+    paths = []
+    for t, p in enumerate(parents):
+        paths.append((paths[p] if 0 <= p < t else []) + [t])
+    return paths
+
+
+@pytest.mark.parametrize("parent_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
+def test_tree_verify_starts_each_token_from_its_parent(state_dtype, layout, parent_dtype):
+    """SGLang's target verify of a tree of drafts (retrieve_parent_token [N, steps], a strided
+    view; EAGLE with topk > 1): each token's output and stored state are the end of the chain of
+    its path from the root, checked against float64 per path and, with fp32 pools, bit for bit
+    against pykda running every path as a sequence of its own. A padded request writes zeros and
+    nothing else; a request without a buffer slot chains its tokens; the pool is only read; the
+    buffer's other cells stay poisoned."""
+    H, K, P, S, steps = 4, 128, 16, 8, 6
+    rows, slots = [3, 7, 11, 0, -1, 5], [2, 0, 1, 5, 6, -1]
+    lens = [len(t) for t in TREES]
+    N = len(TREES)
+    cu = np.concatenate([[0], np.cumsum(lens)])
+    x, pool = make(1, int(cu[-1]), H, K, P, state_dtype, seed=57)
+    pool = in_layout(pool, layout)
+    table = torch.full((N, 2 * steps), 99, dtype=parent_dtype)   # every other column: the parents
+    for n, tree in enumerate(TREES):
+        table[n, 0:2 * len(tree):2] = torch.tensor(tree, dtype=parent_dtype)
+    parents = table.cuda()[:, ::2]
+    rpt = 4 if layout == "v_first" else None   # the same tiles in both calls: bit-equal sums
+    flags = GATE_FLAGS["softplus"]
+    before = pool.clone()
+    buf = torch.full((S, steps, H, K, K), float("nan"), dtype=pool.dtype, device="cuda")
+    out = torch.full_like(x["v"], float("nan"))
+    pykda.fused_recurrent_kda(**x, **flags, state_v_first=layout == "v_first", initial_state=pool,
+                              state_indices=torch.tensor(rows, dtype=torch.int32, device="cuda"),
+                              cu_seqlens=torch.tensor(cu, dtype=torch.int32, device="cuda"), out=out,
+                              intermediate_states_buffer=buf, intermediate_state_indices=torch.tensor(slots, device="cuda"),
+                              disable_state_update=True, retrieve_parent_token=parents, rows_per_thread=rpt)
+    assert torch.equal(pool, before), "the pool is only read"
+    # every (request, token): the path whose chain it ends, float64 from the pool row's state
+    ends = []   # (request, token, the path's token positions)
+    o_ref = np.zeros(tuple(x["v"].shape))
+    for n, tree in enumerate(TREES):
+        if rows[n] < 0:
+            assert (out[0, cu[n]:cu[n + 1]] == 0).all(), "a padded request's outputs are zeros"
+            continue
+        cached = 0 <= slots[n] < S
+        for t, path in enumerate(tree_paths(tree) if cached else [list(range(i + 1)) for i in range(lens[n])]):
+            tok = [int(cu[n]) + i for i in path]
+            args = {a: f64(x[a][:, tok]) for a in ("q", "k", "v", "g", "beta")}
+            oi, si = reference.kda_recurrent(**args, **{a: f64(x[a]) for a in ("A_log", "dt_bias")},
+                                             initial_state=f64(v_view(before, layout)[rows[n]])[None],
+                                             **reference.kda_options(flags))
+            o_ref[0, tok[-1]] = oi[0, -1]
+            if cached:
+                ends.append((n, t, tok))
+                err = reference.relative_error(f64(v_view(buf[slots[n], t], layout)), si[0])
+                assert err < 1e-2, (n, t, err)
+    assert reference.relative_error(f64(out), o_ref) < 1e-2
+    stored = {(slots[n], t) for n, t, _ in ends}
+    for slot in range(S):
+        for t in range(steps):
+            if (slot, t) not in stored:
+                assert torch.isnan(buf[slot, t]).all(), f"buffer cell {(slot, t)} written"
+    if state_dtype != "float32":
+        return   # a bf16 pool's tree reloads its parent's rounded state: only float64's bound holds
+    # fp32: every path as a sequence of its own (its start row a copy of the request's), bit for bit
+    chains = torch.cat([pool] + [pool[rows[n]][None] for n, _, _ in ends])
+    tok = [i for _, _, path in ends for i in path]
+    cu2 = np.concatenate([[0], np.cumsum([len(path) for _, _, path in ends])])
+    o2 = torch.full((1, len(tok), H, K), float("nan"), dtype=torch.bfloat16, device="cuda")
+    pykda.fused_recurrent_kda(**{a: x[a][:, tok] for a in ("q", "k", "v", "g", "beta")},
+                              **{a: x[a] for a in ("A_log", "dt_bias")}, **flags,
+                              state_v_first=layout == "v_first", initial_state=chains,
+                              state_indices=torch.arange(P, P + len(ends), dtype=torch.int32, device="cuda"),
+                              cu_seqlens=torch.tensor(cu2, dtype=torch.int32, device="cuda"), out=o2,
+                              rows_per_thread=rpt)
+    for m, (n, t, path) in enumerate(ends):
+        assert torch.equal(out[0, path[-1]], o2[0, cu2[m + 1] - 1]), (n, t)
+        assert torch.equal(buf[slots[n], t], chains[P + m]), (n, t)

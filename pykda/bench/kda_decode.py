@@ -215,17 +215,22 @@ def _k_first_step(row, x, pool, idx, gate, accepted, timer, repeats) -> None:
 def _verify_step(row, x, pool, idx, gate, timer, repeats) -> None:
     """SGLang's target verify of the same tokens (each sequence from its table's first row, every
     token's state into a [B, T, H, V, K] buffer, the pool only read; the same bytes as the 2-D
-    step): row["verify_us"], a failure as row["verify_error"]."""
+    step), as a chain and as a binary tree of drafts (token t's parent (t - 1) // 2: a reload of
+    the parent's state at every token past the first branch): row["verify_us"] and
+    row["tree_us"], a failure as row["verify_error"] or row["tree_error"]."""
     import torch
     B, T = idx.shape
     buf = torch.empty(B, T, *pool.shape[1:], dtype=pool.dtype, device=pool.device)
     rows, slots = idx[:, 0].contiguous(), torch.arange(B, dtype=torch.int32, device=pool.device)
-    step = lambda: ours_step(x, pool, rows, gate, intermediate_states_buffer=buf,   # noqa: E731
-                             intermediate_state_indices=slots, disable_state_update=True)
-    try:
-        row["verify_us"] = timer.median_us(step, warmup=10, repeats=repeats)
-    except Exception as exc:
-        row["verify_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    tree = torch.tensor([-1] + [(t - 1) // 2 for t in range(1, T)], dtype=torch.int64, device=pool.device)
+    for key, parents in (("verify", None), ("tree", tree.expand(B, T))):
+        step = lambda: ours_step(x, pool, rows, gate, intermediate_states_buffer=buf,   # noqa: E731
+                                 intermediate_state_indices=slots, disable_state_update=True,
+                                 retrieve_parent_token=parents)
+        try:
+            row[f"{key}_us"] = timer.median_us(step, warmup=10, repeats=repeats)
+        except Exception as exc:
+            row[f"{key}_error"] = f"{type(exc).__name__}: {exc}"[:200]
 
 
 def _one_row_step(row, x, pool, idx, gate, timer, repeats) -> None:
@@ -402,7 +407,7 @@ def _print_spec(rows):
     """The speculative-decode table: a row per T, its time over the T = 1 row's of the same case."""
     print("\nspeculative decode: [B, T] state_indices + num_accepted_tokens, a state row written per token")
     print(f"{'gate':>8} {'pool':>8} {'H':>3} {'B':>4} {'T':>2} {'us':>7} {'x T=1':>6} {'TB/s':>5} {'err':>7} "
-          f"{'K-1st':>7} {'verify':>7} {'1-D':>7} {'TB/s':>5} | {'fla us':>7} {'err':>7} {'x fla':>6}")
+          f"{'K-1st':>7} {'verify':>7} {'tree':>7} {'1-D':>7} {'TB/s':>5} | {'fla us':>7} {'err':>7} {'x fla':>6}")
     one = {(r["gate"], r["pool"], r["H"], r["B"]): r.get("us") for r in rows if r["T"] == 1}
     for r in rows:
         g = r.get
@@ -411,7 +416,8 @@ def _print_spec(rows):
         ratio = g("fla_us") / g("us") if g("fla_us") and g("us") else None
         print(f"{r['gate']:>8} {r['pool']:>8} {r['H']:3d} {r['B']:4d} {r['T']:2d} {_cell(g('us'), '.1f', 7)} "
               f"{_cell(slower, '.2f', 6)} {_cell(g('tbs'), '.2f', 5)} {_cell(g('err'), '.1e', 7)} "
-              f"{_cell(g('kfirst_us'), '.1f', 7)} {_cell(g('verify_us'), '.1f', 7)} {_cell(g('oned_us'), '.1f', 7)} "
+              f"{_cell(g('kfirst_us'), '.1f', 7)} {_cell(g('verify_us'), '.1f', 7)} {_cell(g('tree_us'), '.1f', 7)} "
+              f"{_cell(g('oned_us'), '.1f', 7)} "
               f"{_cell(g('oned_tbs'), '.2f', 5)} | "
               f"{_cell(g('fla_us'), '.1f', 7)} {_cell(g('fla_err'), '.1e', 7)} {_cell(ratio, '.2f', 6)}")
     for r in rows:
@@ -419,7 +425,8 @@ def _print_spec(rows):
             if k.endswith("error"):
                 print(f"  {case_label((r['gate'], r['pool'], r['H'], r['B'], r['T']))} {k}: {v}")
     print("TB/s: state bytes moved (one read, T writes) over the kernel time; verify: kernel µs of SGLang's target "
-          "verify of the same tokens (1-D rows, each token's state into a buffer, the pool only read); 1-D: the same "
+          "verify of the same tokens (1-D rows, each token's state into a buffer, the pool only read); tree: the same "
+          "as a binary tree of drafts (token t's parent (t - 1) // 2, retrieve_parent_token); 1-D: the same "
           "tokens with 1-D rows, the final state written once, and its TB/s of those two transfers")
 
 

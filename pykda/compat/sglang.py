@@ -14,7 +14,7 @@ SGLang's conventions, kept here:
   as logits (`b`), and returns the output only; its target-verify form (`target_verify`: each
   draft token's state into `intermediate_states_buffer` [S, steps, H, V, K] at the request's
   `intermediate_state_indices` slot, the pool left as it was with `disable_state_update`) runs
-  chains of drafts, not trees (`retrieve_parent_token`).
+  chains of drafts and trees (`retrieve_parent_token`: each token from its parent's state).
 Arguments pykda cannot honour raise ValueError by name; none is dropped silently.
 """
 from __future__ import annotations
@@ -80,7 +80,9 @@ def fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta: flo
     in place at rows `initial_state_indices` [N] (padding rows, negative: zero outputs, no state
     written), or with `disable_state_update` only read. Target verify: the state after draft token
     t < cache_steps of request n goes to `intermediate_states_buffer[intermediate_state_indices[n], t]`
-    (buffer [S, cache_steps, H, V, K] in the pool's dtype). Returns o [B, T, H, V]."""
+    (buffer [S, cache_steps, H, V, K] in the pool's dtype); with `retrieve_parent_token` [N, T]
+    (a tree of drafts) token t starts from the state after its parent's token (-1: the pool row's).
+    Returns o [B, T, H, V]."""
     no_extra("fused_sigmoid_gating_delta_rule_update", kwargs)
     if not is_kda:
         raise ValueError("is_kda=False is SGLang's gated delta net (a scalar gate per head): pykda runs KDA only")
@@ -88,9 +90,6 @@ def fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta: flo
         raise ValueError(f"pykda's softplus has beta 1 and is exact past {SOFTPLUS_THRESHOLD_MIN:g}: softplus_beta "
                          f"must be 1.0 and softplus_threshold >= {SOFTPLUS_THRESHOLD_MIN:g}; got {softplus_beta}, "
                          f"{softplus_threshold}")
-    if retrieve_parent_token is not None:
-        raise ValueError("retrieve_parent_token (a tree of drafts) is not supported by pykda: its target verify runs "
-                         "chains of draft tokens (retrieve_parent_token=None)")
     if intermediate_states_buffer is None and cache_steps is not None:
         raise ValueError("cache_steps is given without intermediate_states_buffer (the steps are the buffer's)")
     if intermediate_states_buffer is not None and cache_steps is not None and \
@@ -106,7 +105,7 @@ def fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta: flo
                                 state_v_first=True, **_gate_flags(A_log, lower_bound),
                                 intermediate_states_buffer=intermediate_states_buffer,
                                 intermediate_state_indices=intermediate_state_indices,
-                                disable_state_update=disable_state_update)
+                                disable_state_update=disable_state_update, retrieve_parent_token=retrieve_parent_token)
     return o
 
 
@@ -162,8 +161,8 @@ class KDAKernel:
                       lower_bound: float | None = None, **kwargs):
         """The draft tokens of each request (packed by `query_start_loc`) from its pool row, which
         stays as it was; the state after each token into `intermediate_states_buffer` at the
-        request's slot. Chains only: `retrieve_parent_token` (a tree) is refused. Returns o
-        [1, N, H, V]."""
+        request's slot; with `retrieve_parent_token` (a tree of drafts), each token from its
+        parent's state. Returns o [1, N, H, V]."""
         _none_only("KDAKernel.target_verify", kwargs)
         return fused_sigmoid_gating_delta_rule_update(
             A_log, a, dt_bias, 1.0, SOFTPLUS_THRESHOLD, q, k, v, b, ssm_states, cache_indices,

@@ -29,9 +29,10 @@ MAX_STAGED_TOKENS = 8 # tokens per tile whose inputs ride the ring (more are rea
 # Layout struct (18 int64 strides) by its byte length
 KERNEL_SIGNATURE = (int,) * 5 + (18 * 8,) + (int,) * 3 + (np.int32, np.int64, int, np.int64, np.int32, int, int,
                                                           np.int32, np.int32, np.int32, int, float, float,
-                                                          int, int, np.int64, np.int32, np.int32, np.int32)
+                                                          int, int, np.int64, np.int32, np.int32, np.int32,
+                                                          int, np.int64, np.int64, np.int32)
 ARGUMENTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "state_indices", "num_accepted_tokens",
-             "cu_seqlens", "out", "intermediate_states_buffer", "intermediate_state_indices")
+             "cu_seqlens", "out", "intermediate_states_buffer", "intermediate_state_indices", "retrieve_parent_token")
 REQUIRED = 5   # q .. beta; initial_state is checked by validation, with its own message
 OUT = ARGUMENTS.index("out")
 # what a call gives its launch anew (runtime.CallValues): the pointers of ARGUMENTS, in this order
@@ -56,6 +57,8 @@ class KdaDecodeProblem(NamedTuple):
     verify_steps: int = 0           # target verify: steps of intermediate_states_buffer [S, steps, H, ., .] (0: none)
     verify_slots: int = 0           # its S
     slot_dtype: str = "int32"       # of intermediate_state_indices ('int32' when absent)
+    parent_cols: int = 0            # target verify of a tree: columns of retrieve_parent_token [N, C] (0: a chain)
+    parent_dtype: str = "int32"     # its dtype ('int32' when absent)
 
 
 @dataclass(frozen=True)
@@ -163,12 +166,13 @@ def kda_decode_spec(p: KdaDecodeProblem, rpt: int, stages: int, arch: str) -> ru
         "STAGE_BYTES": stage_bytes(p, rpt), "IDX_T": INDEX_CTYPES[p.index_dtype],
         "CU_T": INDEX_CTYPES[p.cu_dtype], "SPEC": p.index_cols > 0, "ACC_T": INDEX_CTYPES[p.accepted_dtype],
         "VERIFY": p.verify_steps > 0, "SLOT_T": INDEX_CTYPES[p.slot_dtype], "VFIRST": p.v_first,
+        "TREE": p.parent_cols > 0, "PARENT_T": INDEX_CTYPES[p.parent_dtype],
         **p.variant.template_params()}, arch, kernels=("kda_decode",))
 
 
 def validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out, flags: KdaFlags,
                         state_v_first: bool, num_accepted_tokens=None, steps_buffer=None,
-                        steps_slots=None) -> KdaDecodeProblem:
+                        steps_slots=None, parents=None) -> KdaDecodeProblem:
     """Check dtypes, ranks, shapes, layouts and alignment of every argument; no GPU needed."""
     B, T, H, K = check_kda_inputs(q, k, v, g, beta)
     variant = resolve_variant(flags, g, beta, A_log, dt_bias, H, K)
@@ -227,10 +231,12 @@ def validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, 
         check_dtype(out, "out", ("bfloat16",))
         check_inner_contiguous(out, "out")
     steps, slots = check_steps_buffer(steps_buffer, steps_slots, state, N, H, K, cols, layout)
+    parent_cols = check_parents(parents, steps, N)
     arrays = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": state}
     for name, a in (("A_log", A_log), ("dt_bias", dt_bias), ("state_indices", state_indices),
                     ("num_accepted_tokens", num_accepted_tokens), ("cu_seqlens", cu_seqlens), ("out", out),
-                    ("intermediate_states_buffer", steps_buffer), ("intermediate_state_indices", steps_slots)):
+                    ("intermediate_states_buffer", steps_buffer), ("intermediate_state_indices", steps_slots),
+                    ("retrieve_parent_token", parents)):
         if a is not None:
             arrays[name] = a
     check_same_device(arrays)
@@ -241,7 +247,8 @@ def validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, 
                             index_cols=cols,
                             accepted_dtype=num_accepted_tokens.dtype if num_accepted_tokens is not None else "int32",
                             v_first=bool(state_v_first), verify_steps=steps, verify_slots=slots,
-                            slot_dtype=steps_slots.dtype if steps_slots is not None else "int32")
+                            slot_dtype=steps_slots.dtype if steps_slots is not None else "int32",
+                            parent_cols=parent_cols, parent_dtype=parents.dtype if parents is not None else "int32")
 
 
 def check_steps_buffer(buf, slots_of, state, N: int, H: int, K: int, cols: int, layout: str) -> tuple[int, int]:
@@ -274,6 +281,22 @@ def check_steps_buffer(buf, slots_of, state, N: int, H: int, K: int, cols: int, 
     check_shape(slots_of, "intermediate_state_indices", (N,), "[N] (a buffer slot per sequence)")
     check_contiguous(slots_of, "intermediate_state_indices")
     return steps, S
+
+
+def check_parents(parents, steps: int, N: int) -> int:
+    """A tree of drafts (SGLang's retrieve_parent_token [N, C], int32/int64, any strides): only in
+    target verify, whose buffer holds the parents' states. Returns C; 0 without."""
+    if parents is None:
+        return 0
+    if not steps:
+        raise ValueError("retrieve_parent_token (a tree of drafts) needs intermediate_states_buffer and "
+                         "intermediate_state_indices: a token starts from its parent's state, stored there")
+    check_dtype(parents, "retrieve_parent_token", tuple(INDEX_CTYPES))
+    check_ndim(parents, "retrieve_parent_token", 2, "[N, T] (each token's parent, -1 for a root)")
+    check_shape(parents, "retrieve_parent_token", (N, parents.shape[1]), "[N, T] (a row per sequence)")
+    if parents.shape[1] < 1:
+        raise ValueError("retrieve_parent_token needs a column per draft token; got 0 columns")
+    return parents.shape[1]
 
 
 def check_state_indices(indices: np.ndarray, pool_rows: int) -> None:
@@ -309,14 +332,14 @@ class KdaDecodeCall(NamedTuple):
 
 
 def prepare_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, num_accepted_tokens, cu_seqlens, out,
-                       steps_buffer, steps_slots, scale, flags, state_v_first, rows_per_thread, stages,
+                       steps_buffer, steps_slots, parents, scale, flags, state_v_first, rows_per_thread, stages,
                        disable_state_update) -> KdaDecodeCall:
     """Validate a call and make everything its launch needs but the pointers and the stream: the
     kernel (compiled on first use) bound to its constants. The output, when `out` is None, is a
     new contiguous array of v's shape. `flags`: KdaFlags or a tuple of its fields (the hot path's
     key holds a plain tuple)."""
     p = validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out, KdaFlags(*flags),
-                            state_v_first, num_accepted_tokens, steps_buffer, steps_slots)
+                            state_v_first, num_accepted_tokens, steps_buffer, steps_slots, parents)
     if disable_state_update and p.index_cols:
         raise ValueError("disable_state_update goes with 1-D state_indices: with 2-D ones the pool rows written are "
                          "the caller's choice already")
@@ -336,7 +359,8 @@ def prepare_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, n
             at["cu_seqlens"], i32(p.tokens), i32(p.heads), i32(plan.n_tiles), at["out"], p.variant.lower_bound, scale,
             at["intermediate_states_buffer"], at["intermediate_state_indices"],
             i64(steps_buffer.strides[1] if p.verify_steps else 0), i32(p.verify_steps), i32(p.verify_slots),
-            i32(not disable_state_update))
+            i32(not disable_state_update), at["retrieve_parent_token"],
+            *(i64(x) for x in (parents.strides if p.parent_cols else (0, 0))), i32(p.parent_cols))
     values = runtime.CallValues(CALL_SIGNATURE)
     launch = bound_launch(spec, q.device, values, "kda_decode", KERNEL_SIGNATURE, args, (plan.grid, 1, 1),
                           (WARPS + 1) * 32, plan.smem)
@@ -355,7 +379,8 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
                         num_accepted_tokens=None, inplace_final_state: bool = True, out=None, stream=None,
                         check_indices: bool = False, rows_per_thread: int | None = None, stages: int | None = None,
                         transpose_state_layout: bool | None = None, intermediate_states_buffer=None,
-                        intermediate_state_indices=None, disable_state_update: bool = False):
+                        intermediate_state_indices=None, disable_state_update: bool = False,
+                        retrieve_parent_token=None):
     """One or a few KDA recurrent steps per sequence, updating a pool of states in place; fla's
     `fused_recurrent_kda` arguments (gate modes, β forms and the norm flag as in `chunk_kda`).
 
@@ -381,7 +406,12 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
     state_indices): `intermediate_states_buffer` [S, steps, H, ., .] (the pool's dtype and layout)
     receives the state after token t < steps of sequence n at [intermediate_state_indices[n], t]
     (intermediate_state_indices [N] int32/int64; nothing where outside 0..S-1), and with
-    `disable_state_update=True` the pool is read, not written.
+    `disable_state_update=True` the pool is read, not written. A tree of drafts (SGLang's
+    `retrieve_parent_token` [N, C] int32/int64, any strides): token t > 0 of sequence n starts
+    from the state after token p = retrieve_parent_token[n, t], as stored in the buffer; p = -1
+    (any p outside 0..t-1) marks a root, which starts from the sequence's pool row. Tokens past
+    C, a parent past the buffer's steps, or a sequence without a buffer slot continue from the
+    token before (the buffer holds no parent state for them).
 
     Contract: non-negative state_indices (all entries of a 2-D one) are distinct and < P; the kernel never reads or
     writes outside the pool (an index >= P is treated as padding), and `check_indices=True`
@@ -398,7 +428,8 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
         raise ValueError("inplace_final_state=False is not supported: fused_recurrent_kda updates the pool "
                          "initial_state in place")
     arrays = CallArrays((q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, num_accepted_tokens,
-                         cu_seqlens, out, intermediate_states_buffer, intermediate_state_indices), ARGUMENTS, REQUIRED)
+                         cu_seqlens, out, intermediate_states_buffer, intermediate_state_indices, retrieve_parent_token),
+                        ARGUMENTS, REQUIRED)
     settings = (scale, (use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
                         safe_gate, lower_bound), state_v_first, rows_per_thread, stages,   # flags: KdaFlags' fields
                 bool(disable_state_update))
