@@ -53,18 +53,20 @@ def inputs(T, seed, kind, v_scale):
     return q, k, v, np.exp(a), beta
 
 
-def lane_sums(S, x, half):
-    """sum_e S[:, e] x[e] as the kernel forms it: per lane of ELEMS elements (fp32 FMAs, or two
-    fp16 chains of ELEMS / 2 products added in fp32), then the lanes added in fp32."""
+def lane_sums(S, x, half, chains=2):
+    """sum_e S[:, e] x[e] as the kernel forms it: per ELEMS = 8 consecutive elements (a V-first
+    lane's slice, or 8 key rows of a K-first lane) fp32 FMAs, or `chains` interleaved fp16 chains
+    (V-first: the two halves of its pairs; K-first: one chain of 8 rows) added in fp32; then
+    those partial sums added in fp32."""
     V = S.shape[0]
     total = np.zeros(V)
     for lane in range(K // ELEMS):
         cols = range(lane * ELEMS, (lane + 1) * ELEMS)
         if half:
-            acc = [np.zeros(V), np.zeros(V)]
+            acc = [np.zeros(V) for _ in range(chains)]
             for j, e in enumerate(cols):
-                acc[j % 2] = fp16(acc[j % 2] + S[:, e] * fp16(x[e]))
-            part = fp32(acc[0] + acc[1])
+                acc[j % chains] = fp16(acc[j % chains] + S[:, e] * fp16(x[e]))
+            part = fp32(sum(acc))
         else:
             part = np.zeros(V)
             for e in cols:
@@ -74,7 +76,8 @@ def lane_sums(S, x, half):
 
 
 def step(S, q, k, v, d, beta, scale, mode):
-    """One decode step of T tokens from state S; mode None (float64), 'fp32' (the kernel), 'half2'."""
+    """One decode step of T tokens from state S; mode None (float64), 'fp32' (the kernel), 'half2'
+    (V-first) or 'half2-kfirst' (K-first: its column sums' chains run over 8 key rows)."""
     outs = []
     r = fp32 if mode else (lambda x: x)
     for t in range(len(beta)):
@@ -85,8 +88,9 @@ def step(S, q, k, v, d, beta, scale, mode):
             S = S * d[t]
             sk, sq = S @ k[t], S @ q[t]
         else:
-            S = (fp16 if mode == "half2" else fp32)(S * d[t])
-            sk, sq = lane_sums(S, k[t], mode == "half2"), lane_sums(S, q[t], mode == "half2")
+            half, chains = mode.startswith("half2"), 1 if mode == "half2-kfirst" else 2
+            S = (fp16 if half else fp32)(S * d[t])
+            sk, sq = lane_sums(S, k[t], half, chains), lane_sums(S, q[t], half, chains)
         u = r(beta[t] * (v[t] - r(sk * k_inv)))
         o = r(sq * q_inv + u * qk)
         uk = r(u * k_inv)
@@ -102,24 +106,26 @@ def step(S, q, k, v, d, beta, scale, mode):
 
 def run(T, steps, seed, kind, v_scale=1.0, s_scale=0.1):
     S0 = bf16(np.random.default_rng(seed).standard_normal((K, K)) * s_scale)
-    S = {"true": S0, "fp32": S0, "half2": S0}
-    errs = {"fp32": [], "half2": []}
+    modes = ("fp32", "half2", "half2-kfirst")
+    S = dict.fromkeys(("true",) + modes, S0)
+    errs = {m: [] for m in modes}
     for n in range(steps):
         q, k, v, d, beta = inputs(T, seed * 1000 + n, kind, v_scale)
         S["true"], o_true = step(S["true"], q, k, v, d, beta, K ** -0.5, None)
-        for m in ("fp32", "half2"):
+        for m in modes:
             S[m], o = step(S[m], q, k, v, d, beta, K ** -0.5, m)
             S[m] = bf16(S[m])   # the pool
             errs[m].append(rel(bf16(o), o_true))
-    return (np.mean(errs["fp32"]), np.mean(errs["half2"]), rel(S["fp32"], S["true"]), rel(S["half2"], S["true"]))
+    return [np.mean(errs[m]) for m in modes] + [rel(S[m], S["true"]) for m in modes]
 
 
 if __name__ == "__main__":
-    print(f"{'T':>2} {'input':>10} {'v scale':>7} | {'out fp32':>8} {'out half2':>9} | {'state fp32':>10} {'state half2':>11}"
+    print(f"{'T':>2} {'input':>10} {'v scale':>7} | {'out: fp32':>9} {'f16x2':>8} {'K-first':>8} | "
+          f"{'state: fp32':>11} {'f16x2':>8} {'K-first':>8}"
           "   (32 steps, bf16 pool; rel-L2 vs float64, outputs averaged over steps, 2 seeds)")
     for T in (1, 4):
         for kind in ("softplus", "steep"):
             for v_scale in (1.0, 30.0):
                 res = np.mean([run(T, 32, seed, kind, v_scale) for seed in (1, 2)], axis=0)
-                print(f"{T:>2} {kind:>10} {v_scale:7.0f} | {res[0]:8.2e} {res[1]:9.2e} | {res[2]:10.2e} {res[3]:11.2e}",
-                      flush=True)
+                print(f"{T:>2} {kind:>10} {v_scale:7.0f} | {res[0]:9.2e} {res[1]:8.2e} {res[2]:8.2e} | "
+                      f"{res[3]:11.2e} {res[4]:8.2e} {res[5]:8.2e}", flush=True)
