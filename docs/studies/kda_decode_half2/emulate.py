@@ -1,6 +1,6 @@
 """NumPy emulation of the KDA decode step on a bf16 pool with the state arithmetic in packed fp16
 (HMUL2 / HFMA2: two state elements an instruction), against the recurrent kernel as it is
-(fp32 registers) and float64. CPU only; about a minute.
+(fp32 registers) and float64. CPU only; about two minutes.
 
 The kernel's V-first step, per token (kda_decode.cu.j2): a lane holds ELEMS = 8 consecutive key
 elements of RPT rows; q, k raw (the norms folded into q_inv, k_inv);
