@@ -161,7 +161,7 @@ def decode_spec(p: DecodeProblem, plan: DecodePlan, arch: str, page_size: int = 
     return runtime.KernelSpec.make("decode", {
         "D": p.head_dim, "DTYPE": CTYPES[p.dtype], "BLOCK_N": plan.block_n, "STAGES": plan.stages,
         "WARPS": WARPS, "SPLIT": plan.split, "PAGE": page_size,
-        "GATHER": 0 < page_size < TMA_MIN_PAGE}, arch,
+        "GATHER": 0 < page_size < TMA_MIN_PAGE, "MERGE_THREADS": MERGE_THREADS, "MERGE_COLUMNS": MERGE_COLUMNS}, arch,
         kernels=("decode_partial", "decode_merge") if plan.split else ("decode_partial",))
 
 
