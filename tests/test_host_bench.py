@@ -381,7 +381,7 @@ def kda_bench_on_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(kbench.timing, "start", lambda flush="read": (_Timer(), 4.0))
     monkeypatch.setattr(kbench, "HOST_SHAPE", (2, [5, 3]))
-    monkeypatch.setattr(kbench.timing, "host_us", lambda fn, n=300, loops=3: (fn(), 12.5)[1])
+    monkeypatch.setattr(kbench.timing, "host_us", lambda fn, n=300: (fn(), 12.5)[1])
     monkeypatch.setattr(kbench.timing, "graph_host_us", lambda fn, n=300: (fn(), 3.25)[1])
     monkeypatch.setattr(kbench, "chunk_kda", fake_chunk_kda(calls["pykda"]))
 

@@ -16,12 +16,12 @@ engines call. (The public `fla.ops.kda.fused_recurrent_kda` takes `ssm_state_ind
 half the traffic. It is used, and labelled, only where the forward cannot be imported.) Both
 outputs and updated pool rows are checked against a float64 reference.
 
-Columns: kernel µs (cold L2, CUDA events, median); host µs per call in a tight loop; "graph" host
-µs per call when the call is captured once in a CUDA graph and replayed; state TB/s (read +
-write); % of the 4 GiB copy's bandwidth and % of a copy of the same number of bytes (cold L2:
-small problems cannot reach the big copy's bandwidth); "K-1st": pykda's kernel µs on the same
-states in fla's K-first layout [P, H, K, V] (`state_v_first=False`, whole-state tiles), its
-error checked too. Every other column is the V-first pool [P, H, V, K].
+Columns: kernel µs (cold L2, CUDA events, median); host µs per call (the GPU idle at each call,
+median); "graph" host µs per call when the call is captured once in a CUDA graph and replayed;
+state TB/s (read + write); % of the 4 GiB copy's bandwidth and % of a copy of the same number
+of bytes (cold L2: small problems cannot reach the big copy's bandwidth); "K-1st": pykda's
+kernel µs on the same states in fla's K-first layout [P, H, K, V] (`state_v_first=False`,
+whole-state tiles), its error checked too. Every other column is the V-first pool [P, H, V, K].
 
 Speculative decode (a second table, column T): T tokens per sequence with 2-D state_indices
 [B, T] and num_accepted_tokens (fla's and vLLM's keywords; both ops get the same call), so each

@@ -63,20 +63,21 @@ def start(flush: str = "read") -> tuple[Timer, float]:
     return timer, copy_tbs
 
 
-def host_us(fn, n=300, loops=3) -> float:
-    """Host µs per call of `fn` in a tight loop (the GPU may still be busy after): the best of
-    `loops` loops, as the first loops of a process run slow (caches, clocks)."""
+def host_us(fn, n=300) -> float:
+    """Host µs per call of `fn`: the time a call takes to return with the GPU idle when it is
+    made (synchronized before each call, outside the timing), the median of `n` calls after a
+    warm-up. (A tight loop of calls would time the GPU wherever the kernels outlast the host's
+    work: the launch queue fills and the host waits.)"""
     import torch
     fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(loops):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / n * 1e6)
+    times = []
+    for _ in range(n):
         torch.cuda.synchronize()
-    return best
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return statistics.median(times) * 1e6
 
 
 def graph_host_us(fn, n=300) -> float:
