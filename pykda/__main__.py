@@ -35,7 +35,12 @@ def cmd_compile(args) -> int:
 def cmd_render(args) -> int:
     from . import runtime
     params = dict(args.params)
-    print(runtime.render(args.name, {k: _value(v) for k, v in params.items()}), end="")
+    try:
+        source = runtime.render(args.name, {k: _value(v) for k, v in params.items()})
+    except ValueError as exc:   # an unknown template or a missing parameter
+        print(f"python -m pykda render: {exc}", file=sys.stderr)
+        return 2
+    print(source, end="")
     return 0
 
 

@@ -44,7 +44,7 @@ def test_render_rejects_unknown_template_and_missing_parameter():
         runtime.render("no_such_kernel", {})
     params = _decode_spec().param_dict
     del params["STAGES"]
-    with pytest.raises(Exception, match="STAGES"):
+    with pytest.raises(ValueError, match="'STAGES' is undefined"):
         runtime.render("decode", params)
 
 
@@ -116,11 +116,15 @@ def test_compile_cli_prints_one_line_per_kernel(cache_dir):
 
 
 def test_render_cli_prints_source():
-    r = subprocess.run([sys.executable, "-m", "pykda", "render", "decode", "D=128", "DTYPE=bf16_t", "BLOCK_N=64",
-                        "STAGES=3", "WARPS=4", "SPLIT=True"], cwd=ROOT,
-                       capture_output=True, text=True, check=True)
+    args = [sys.executable, "-m", "pykda", "render", "decode", "D=128", "DTYPE=bf16_t", "BLOCK_N=64", "STAGES=3",
+            "WARPS=4", "SPLIT=True"]
+    r = subprocess.run(args + ["MERGE_THREADS=256", "MERGE_COLUMNS=32"], cwd=ROOT, capture_output=True, text=True,
+                       check=True)
     assert "constexpr int D = 128;" in r.stdout and "int chunk_rows)" in r.stdout, "the chunk is an argument"
     assert "CHUNK" not in r.stdout
+    r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)   # the merge's shape left out
+    assert r.returncode == 2 and r.stdout == ""
+    assert "'MERGE_THREADS' is undefined" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_demo_without_gpu_shows_offline_compile(cache_dir):

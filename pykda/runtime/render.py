@@ -55,7 +55,12 @@ def render(template: str, params: dict) -> str:
         tpl = _environment().get_template(f"{template}.cu.j2")
     except jinja2.TemplateNotFound:
         raise ValueError(f"unknown kernel template {template!r}; known: {template_names()}") from None
-    source = _inline_headers(tpl.render(**params), set())
+    try:
+        rendered = tpl.render(**params)
+    except jinja2.UndefinedError as exc:   # a parameter the template reads was not given
+        raise ValueError(f"kernel template {template!r}: {exc} (a template parameter; given: "
+                         f"{sorted(params)})") from None
+    source = _inline_headers(rendered, set())
     if os.environ.get(SANITIZE_ENV, "") not in ("", "0"):
         source = "#define PYKDA_SANITIZE 1\n" + source
     return source
