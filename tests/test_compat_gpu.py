@@ -134,3 +134,38 @@ def test_kernel_object_target_verify_equals_decoding_the_drafts_one_by_one():
             if rows[n] >= 0:
                 assert torch.equal(buf[slots[n], t], step_pool[rows[n]]), (n, t)
     assert torch.isnan(buf[slots[1]]).all() and torch.isnan(buf[4]).all(), "a padded request caches nothing"
+
+
+def test_kernel_object_target_verify_of_a_tree_decodes_each_draft_from_its_parent():
+    """KDAKernel.target_verify with retrieve_parent_token (EAGLE's tree, topk > 1) on 2 requests of
+    4 drafts (parents -1, 0, 0, 1 and -1, 0, 1, 1): each draft's output and buffered state equal
+    one decode step from its parent's buffered state (a root: from the pool row), bit for bit (fp32
+    pool); the pool is not written."""
+    gen = torch.Generator(device="cuda").manual_seed(10)
+    N, T, S = 2, 4, 3
+    A_log = torch.log(1 + 15 * torch.rand(H, generator=gen, device="cuda"))
+    dt_bias = 0.5 * torch.randn(H * K, generator=gen, device="cuda")
+    pool = 0.05 * torch.randn(P, H, K, K, generator=gen, device="cuda")
+    rows, slots, trees = [6, 2], [2, 0], [[-1, 0, 0, 1], [-1, 0, 1, 1]]
+    parents = torch.tensor(trees, dtype=torch.int64, device="cuda")
+    x = inputs(N * T, 21)
+    a = torch.randn(1, N * T, H * K, generator=gen, device="cuda").to(torch.bfloat16)
+    buf = torch.full((S, T, H, K, K), float("nan"), device="cuda")
+    kernel = sglang.KDAKernel()
+    before = pool.clone()
+    o = kernel.target_verify(A_log, dt_bias, x["q"], x["k"], x["v"], a, x["b"], ssm_states=pool,
+                             cache_indices=torch.tensor(rows, dtype=torch.int32, device="cuda"),
+                             query_start_loc=cu_of([T] * N), intermediate_states_buffer=buf,
+                             intermediate_state_indices=torch.tensor(slots, dtype=torch.int32, device="cuda"),
+                             cache_steps=T, retrieve_parent_token=parents)
+    assert torch.equal(pool, before), "target verify reads the pool only"
+    one = torch.zeros(1, dtype=torch.int32, device="cuda")
+    for n, tree in enumerate(trees):
+        for t, p in enumerate(tree):
+            start = (before[rows[n]] if p < 0 else buf[slots[n], p]).clone()[None]
+            tok = [n * T + t]
+            o_t = kernel.decode(*(x[m][:, tok] for m in ("q", "k", "v")), a[:, tok], x["b"][:, tok], A_log=A_log,
+                                dt_bias=dt_bias, ssm_states=start, cache_indices=one, query_start_loc=cu_of([1]))
+            assert torch.equal(o[:, tok], o_t), (n, t)
+            assert torch.equal(buf[slots[n], t], start[0]), (n, t)
+    assert torch.isnan(buf[1]).all(), "an unused slot stays poisoned"
