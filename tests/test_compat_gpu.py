@@ -31,6 +31,18 @@ def inputs(T, seed):
                 g=rnd(1, T, H, K).to(bf), b=rnd(1, T, H).to(bf))
 
 
+def verify_inputs(seed, x_seed, n_tokens):
+    """Target verify's inputs: Kimi Linear's gate parameters, an fp32 pool, and n_tokens of
+    SGLang's decode inputs (x, and a: the gate's input)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    A_log = torch.log(1 + 15 * torch.rand(H, generator=gen, device="cuda"))
+    dt_bias = 0.5 * torch.randn(H * K, generator=gen, device="cuda")
+    pool = 0.05 * torch.randn(P, H, K, K, generator=gen, device="cuda")
+    x = inputs(n_tokens, x_seed)
+    a = torch.randn(1, n_tokens, H * K, generator=gen, device="cuda").to(torch.bfloat16)
+    return A_log, dt_bias, pool, x, a
+
+
 @pytest.mark.parametrize("lower_bound", [None, -5.0])
 def test_prefill_then_decode_as_sglang_calls_them(lower_bound):
     gen = torch.Generator(device="cuda").manual_seed(3)
@@ -107,15 +119,10 @@ def test_kernel_object_target_verify_equals_decoding_the_drafts_one_by_one():
     """KDAKernel.target_verify on 3 requests of 4 draft tokens (one padded): the state after each
     draft in the buffer at the request's slot equals the pool row after that many one-token decode
     steps, the outputs those steps' outputs (fp32 pools: bit for bit); the pool is not written."""
-    gen = torch.Generator(device="cuda").manual_seed(9)
     N, T, S = 3, 4, 5
-    A_log = torch.log(1 + 15 * torch.rand(H, generator=gen, device="cuda"))
-    dt_bias = 0.5 * torch.randn(H * K, generator=gen, device="cuda")
-    pool = 0.05 * torch.randn(P, H, K, K, generator=gen, device="cuda")
+    A_log, dt_bias, pool, x, a = verify_inputs(9, 17, N * T)
     rows, slots = [4, -1, 1], [3, 0, 2]
     idx = torch.tensor(rows, dtype=torch.int32, device="cuda")
-    x = inputs(N * T, 17)
-    a = torch.randn(1, N * T, H * K, generator=gen, device="cuda").to(torch.bfloat16)
     buf = torch.full((S, T, H, K, K), float("nan"), device="cuda")
     kernel = sglang.KDAKernel()
     before = pool.clone()
@@ -141,15 +148,10 @@ def test_kernel_object_target_verify_of_a_tree_decodes_each_draft_from_its_paren
     4 drafts (parents -1, 0, 0, 1 and -1, 0, 1, 1): each draft's output and buffered state equal
     one decode step from its parent's buffered state (a root: from the pool row), bit for bit (fp32
     pool); the pool is not written."""
-    gen = torch.Generator(device="cuda").manual_seed(10)
     N, T, S = 2, 4, 3
-    A_log = torch.log(1 + 15 * torch.rand(H, generator=gen, device="cuda"))
-    dt_bias = 0.5 * torch.randn(H * K, generator=gen, device="cuda")
-    pool = 0.05 * torch.randn(P, H, K, K, generator=gen, device="cuda")
+    A_log, dt_bias, pool, x, a = verify_inputs(10, 21, N * T)
     rows, slots, trees = [6, 2], [2, 0], [[-1, 0, 0, 1], [-1, 0, 1, 1]]
     parents = torch.tensor(trees, dtype=torch.int64, device="cuda")
-    x = inputs(N * T, 21)
-    a = torch.randn(1, N * T, H * K, generator=gen, device="cuda").to(torch.bfloat16)
     buf = torch.full((S, T, H, K, K), float("nan"), device="cuda")
     kernel = sglang.KDAKernel()
     before = pool.clone()
