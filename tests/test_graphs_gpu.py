@@ -340,3 +340,49 @@ def test_chunk_kda_torch_idiom():
 
 def test_chunk_kda_shared_pool_and_fresh_stream():
     shared_pool_and_fresh_stream(ChunkKda())
+
+
+def test_torch_scratch_is_a_raw_block_of_torch_allocator_for_the_launch_stream():
+    """On a CUDA build of torch, the workspace of a torch call is a raw block of torch's caching
+    allocator (counted by torch, given back when its owner goes); captured, it comes from the
+    graph's pool, so torch's memory outside the pool does not grow."""
+    from pykda.runtime.arrays import TorchBlock
+    t = torch.empty(8, device="cuda")
+    s = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    owner, ptr = runtime.workspace(t, s.cuda_stream, 3 << 20)
+    assert type(owner) is TorchBlock and ptr == owner.ptr and ptr % 256 == 0
+    assert torch.cuda.memory_allocated() - before >= 3 << 20
+    del owner
+    assert torch.cuda.memory_allocated() == before
+    reserved = torch.cuda.memory_reserved()   # t's small segment has room for 1 MiB outside any graph
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        graph.capture_begin(pool=torch.cuda.graph_pool_handle())
+        owner, ptr = runtime.workspace(t, side.cuda_stream, 1 << 20)
+        del owner
+        graph.capture_end()
+    torch.cuda.synchronize()
+    assert ptr != 0 and torch.cuda.memory_reserved() > reserved, "inside the capture: a segment of the graph's pool"
+
+
+@pytest.mark.parametrize("case, module", [(SingleDecode, "decode"), (BatchDecode, "decode"), (ChunkKda, "kda"),
+                                          (FusedRecurrentKda, "kda_decode")])
+def test_repeated_calls_go_as_one_graph_launch_with_each_calls_values(case, module):
+    """From a prepared call's second call on a stream, its launches go as one graph executable
+    (runtime.LaunchGraph) whose kernel parameters are set anew each call: four eager calls on the
+    same arrays with new data each time, every one checked against the float64 reference."""
+    import importlib
+    from pykda.runtime.launch import LaunchGraph
+    case = case()
+    x = case.inputs(case.sizes[2])
+    for seed in range(4):
+        info = case.refill(x, 40 + seed)
+        outs = case.call(x)
+        torch.cuda.synchronize()
+        case.check(x, outs, info)
+    call = importlib.import_module(f"pykda.ops.{module}").PREPARED.last[1]
+    stream = torch.cuda.current_stream().cuda_stream
+    graphs = [g for (s, _), g in call.values.graphs.items() if s == stream]
+    assert len(graphs) == 1 and type(graphs[0]) is LaunchGraph

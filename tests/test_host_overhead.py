@@ -124,6 +124,7 @@ def stubbed_gpu(twin: types.ModuleType):
         return kernels[name]
 
     patch(launch, "_driver", _Launches().driver)
+    patch(launch, "_graph_driver", lambda: None)   # launches one by one (the graph path: test_runtime)
     patch(device, "gpu_available", lambda: True)
     patch(runtime, "device_info", lambda i: info)
     def torch_scratch(t, nbytes, stream, real=workspace.torch_scratch):

@@ -1,5 +1,6 @@
 """CPU tests of the host fast paths: the memoized validation key, DeviceArray views, the
 parameter buffer and launch configurations, the stream lookup."""
+import contextlib
 import ctypes
 import struct
 import sys
@@ -307,6 +308,7 @@ class _Driver:
 def driver(monkeypatch):
     d = _Driver()
     monkeypatch.setattr(launch, "_driver", d.driver)
+    monkeypatch.setattr(launch, "_graph_driver", lambda: None)   # one by one (the graph path: its own tests)
     return d
 
 
@@ -433,6 +435,7 @@ def test_a_launch_without_a_current_context_is_made_again_within_the_devices(mon
         statuses.append(201 if not entered or entered[-1] == "exit" else 0)   # 0 inside the device's context
         return statuses[-1]
     monkeypatch.setattr(launch, "_driver", lambda: (driver_launch, lambda code, out: 1))
+    monkeypatch.setattr(launch, "_graph_driver", lambda: None)
     k = launch.Kernel(types.SimpleNamespace(ptr=0), "k", 3)
     k.launch((1, 1, 1), (32, 1, 1), (1,), 0, 0)
     launcher = k.launcher_for((int,))
@@ -440,3 +443,134 @@ def test_a_launch_without_a_current_context_is_made_again_within_the_devices(mon
     bound = launcher.bind(launcher.config((1, 1, 1), (32, 1, 1), 0), (launch.PerCall(0),), values)
     values.launch((5,), (bound,), 0)
     assert statuses == [201, 0] * 2 and entered == [3, "exit"] * 2
+
+
+# ---- a call's launches as one CUDA graph executable per stream ----
+class _GraphDriver:
+    """The driver's graph entry points, recording: nodes made (params read at creation), the
+    parameters each node is given at every call (read where the driver reads them), launches."""
+
+    def __init__(self, sig, capturing=(), fail=()):
+        self.sig, self.capturing, self.fail = sig, set(capturing), set(fail)
+        self.nodes, self.set, self.launched, self.destroyed, self.handles = [], [], [], [], iter(range(1, 1000))
+
+    def _new(self, ref):
+        ref._obj.value = next(self.handles)
+
+    def create(self, graph_ref, flags):
+        if "create" in self.fail:
+            return 999
+        self._new(graph_ref)
+        return 0
+
+    def add_kernel_node(self, node_ref, graph, deps, ndeps, params_ref):
+        p = params_ref._obj
+        self._new(node_ref)
+        dep = deps._obj.value if ndeps else None
+        self.nodes.append((node_ref._obj.value, dep, p.func, (p.grid_x, p.grid_y, p.grid_z), p.block_x, p.smem))
+        return 0
+
+    def instantiate(self, exec_ref, graph, flags):
+        self._new(exec_ref)
+        return 0
+
+    def set_params(self, exe, node, params_ref):
+        pointers = ctypes.cast(params_ref._obj.params, ctypes.POINTER(ctypes.c_void_p))
+        self.set.append((node.value, _read([pointers[i] for i in range(len(self.sig))], self.sig)))
+        return 0
+
+    def launch(self, exe, stream):
+        self.launched.append((exe.value, stream))
+        return 1 if "launch" in self.fail else 0
+
+    def is_capturing(self, stream, status_ref):
+        status_ref._obj.value = int(stream in self.capturing)
+        return 0
+
+    def destroy_exec(self, exe):
+        self.destroyed.append(("exec", exe.value))
+
+    def destroy(self, graph):
+        self.destroyed.append(("graph", graph.value))
+
+    def entry_points(self):
+        return launch._GraphDriver(self.create, self.add_kernel_node, self.instantiate, self.set_params, self.launch,
+                                   self.is_capturing, self.destroy_exec, self.destroy)
+
+
+def _two_bound_launches(monkeypatch, **graph_kw):
+    """A call of two bound launches (grids 2 and 4, one PerCall value each), the plain driver and
+    a graph driver, both recording; cupy.cuda.Device stubbed."""
+    plain = _Driver()
+    monkeypatch.setattr(launch, "_driver", plain.driver)
+    sig = (int, np.int32)
+    graphs = _GraphDriver(sig, **graph_kw)
+    monkeypatch.setattr(launch, "_graph_driver", graphs.entry_points)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Device=lambda i: contextlib.nullcontext())))
+    k = launch.Kernel(types.SimpleNamespace(ptr=0xabc), "k", 0)
+    launcher = k.launcher_for(sig)
+    values = launch.CallValues((int,))
+    launches = tuple(launcher.bind(launcher.config((n, 1, 1), (64, 1, 1), 256 * n), (launch.PerCall(0), np.int32(n)),
+                                   values) for n in (2, 4))
+    return values, launches, plain, graphs
+
+
+def test_a_calls_second_launch_on_a_stream_goes_as_one_graph_with_that_calls_values(monkeypatch):
+    values, launches, plain, graphs = _two_bound_launches(monkeypatch)
+    values.launch((10,), launches, 7)
+    assert len(plain.calls) == 2 and graphs.nodes == []   # a first call: one by one, no graph made
+    for v in (11, 12):
+        values.launch((v,), launches, 7)
+        assert len(plain.calls) == 2
+        assert graphs.set[-2:] == [(graphs.nodes[0][0], [v, 2]), (graphs.nodes[1][0], [v, 4])]
+        assert graphs.launched[-1] == (3 + 1, 7)   # handles: graph 1, nodes 2 and 3, the executable 4
+    (n1, dep1, f1, g1, b1, s1), (n2, dep2, f2, g2, b2, s2) = graphs.nodes
+    assert (dep1, dep2) == (None, n1) and f1 == f2 == 0xabc   # a chain: the second kernel after the first
+    assert (g1, g2, b1, s1, s2) == ((2, 1, 1), (4, 1, 1), 64, 512, 1024)
+    assert len(graphs.launched) == 2
+
+
+def test_each_stream_gets_a_graph_of_its_own_and_a_captured_stream_launches_one_by_one(monkeypatch):
+    values, launches, plain, graphs = _two_bound_launches(monkeypatch, capturing={9})
+    for stream in (7, 8, 7, 8, 9, 9, 9):
+        values.launch((stream,), launches, stream)
+    assert [s for _, s in graphs.launched] == [7, 8]   # the second call of each of 7 and 8
+    assert [c[3] for c in plain.calls] == [7, 7, 8, 8] + [9] * 6   # 9 is being captured: its calls stay kernels
+    assert len(graphs.nodes) == 6   # graphs for 7, 8 and 9 (9's declines while captured)
+
+
+def test_a_graph_the_driver_will_not_make_is_not_asked_for_again(monkeypatch):
+    values, launches, plain, graphs = _two_bound_launches(monkeypatch, fail={"create"})
+    for v in range(4):
+        values.launch((v,), launches, 7)
+    assert len(plain.calls) == 8 and graphs.launched == [] and values.graphs == {(7, launches): launch.NO_GRAPH}
+
+
+def test_a_refused_graph_launch_launches_one_by_one(monkeypatch):
+    values, launches, plain, graphs = _two_bound_launches(monkeypatch, fail={"launch"})
+    values.launch((1,), launches, 7)
+    values.launch((2,), launches, 7)
+    assert len(graphs.launched) == 1 and len(plain.calls) == 4
+    assert _read(plain.calls[-1][-1], (int, np.int32)) == [2, 4]
+
+
+def test_graphs_per_call_are_capped_and_freed_with_it(monkeypatch):
+    values, launches, plain, graphs = _two_bound_launches(monkeypatch)
+    for stream in range(launch.GRAPH_STREAMS + 3):
+        values.launch((stream,), launches, stream)
+        values.launch((stream,), launches, stream)
+    assert len(values.graphs) == launch.GRAPH_STREAMS and len(graphs.launched) == launch.GRAPH_STREAMS
+    assert len(plain.calls) == 2 * launch.GRAPH_STREAMS + 4 * 3
+    values.graphs.clear()
+    assert sorted(graphs.destroyed) == sorted([("exec", 4 + 4 * i) for i in range(launch.GRAPH_STREAMS)]
+                                              + [("graph", 1 + 4 * i) for i in range(launch.GRAPH_STREAMS)])
+
+
+def test_graph_launches_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv("PYKDA_GRAPH_LAUNCH", "0")
+    launch._graph_driver.cache_clear()
+    try:
+        assert launch._graph_driver() is None
+    finally:
+        launch._graph_driver.cache_clear()

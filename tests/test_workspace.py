@@ -136,10 +136,12 @@ def test_bad_sizes_raise(cupy, torch_scratch, nbytes):
 
 
 def test_torch_scratch_is_a_byte_tensor_recorded_on_a_launch_stream_not_current(monkeypatch):
+    """Where torch has no raw blocks (a CPU build): a uint8 tensor."""
     streams = []
     fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
         ExternalStream=lambda handle, device: streams.append((handle, device)) or ("stream", handle)))
     monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    monkeypatch.setattr(arrays, "_RAW_BLOCKS", ())
     monkeypatch.setattr(arrays, "_TORCH_BY_NAME", {"uint8": "torch.uint8"})
     monkeypatch.setattr(arrays, "_RAW_STREAM", lambda device: 500 + device)   # torch's current stream
     t = FakeTensor(device=2)
@@ -148,3 +150,28 @@ def test_torch_scratch_is_a_byte_tensor_recorded_on_a_launch_stream_not_current(
     assert buf.recorded == [] and streams == [], "on torch's current stream: stream-ordered already"
     buf, _ = arrays.torch_scratch(t, 64, 77)
     assert streams == [(77, 2)] and buf.recorded == [("stream", 77)]
+
+
+def test_torch_scratch_is_a_raw_block_for_the_launch_stream_given_back_when_dropped(monkeypatch):
+    """With t's device current, a block of torch's allocator taken for the launch stream itself
+    (no tensor, no record_stream) and freed when its owner goes; on another device, a tensor."""
+    log = []
+    current = {"device": 2}
+    fake_c = types.SimpleNamespace(
+        _cuda_getDevice=lambda: current["device"],
+        _cuda_cudaCachingAllocator_raw_alloc=lambda n, stream: log.append(("alloc", n, stream)) or BASE * 9,
+        _cuda_cudaCachingAllocator_raw_delete=lambda ptr: log.append(("free", ptr)))
+    fake_torch = types.SimpleNamespace(_C=fake_c, cuda=types.SimpleNamespace(
+        ExternalStream=lambda handle, device: ("stream", handle)))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    monkeypatch.setattr(arrays, "_RAW_BLOCKS", ())
+    monkeypatch.setattr(arrays, "_TORCH_BY_NAME", {"uint8": "torch.uint8"})
+    monkeypatch.setattr(arrays, "_RAW_STREAM", lambda device: 500 + device)
+    t = FakeTensor(device=2)
+    owner, ptr = arrays.torch_scratch(t, 4096, 77)
+    assert ptr == BASE * 9 and log == [("alloc", 4096, 77)] and t.made == []
+    del owner
+    assert log == [("alloc", 4096, 77), ("free", BASE * 9)]
+    current["device"] = 0   # t's device is not the current one: the tensor path
+    buf, ptr = arrays.torch_scratch(t, 64, 77)
+    assert t.made == [buf] and buf.recorded == [("stream", 77)] and len(log) == 2

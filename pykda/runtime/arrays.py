@@ -16,6 +16,7 @@ _TENSOR: type | None = None   # torch.Tensor, bound on the first call after torc
 _PARAMETER: type | None = None   # torch.nn.Parameter, bound with it
 _RAW_STREAM = None            # torch's current-stream getter (a C function), bound on first use
 _EMPTY_LIKE = None            # (torch.empty_like, torch.contiguous_format), bound on first use
+_RAW_BLOCKS: tuple = ()       # torch's raw block functions (_torch_raw_blocks), bound on first use
 _new = object.__new__
 
 
@@ -240,17 +241,46 @@ def _torch_new_empty(t, shape: tuple, dtype: str | None):
     return t.new_empty(*shape, dtype=dt)
 
 
+class TorchBlock:
+    """A block of torch's caching allocator taken for one stream (`torch_scratch`); dropping the
+    last reference gives it back, for reuse in that stream's order."""
+    __slots__ = ("ptr",)
+
+    def __del__(self):
+        free = _RAW_BLOCKS[2] if _RAW_BLOCKS else None
+        if free is not None:
+            free(self.ptr)
+
+
 def torch_scratch(t, nbytes: int, stream: int) -> tuple[object, int]:
     """`nbytes` of uninitialized memory on torch tensor t's device from torch's caching
-    allocator (inside a CUDA-graph capture: the graph's private pool, valid for its replays),
-    as a uint8 tensor, and its pointer, for kernels on the stream handle `stream`. The allocator
-    reuses a freed block in the order of the stream it was allocated on (torch's current one):
-    when `stream` is another, the block is recorded on it too."""
+    allocator (inside a CUDA-graph capture: the graph's private pool, valid for its replays), and
+    its pointer, for kernels on the stream handle `stream`. The allocator reuses a freed block in
+    the order of the stream it was taken for. With t's device current, a raw block taken for
+    `stream` (`TorchBlock`, no tensor made: ~2 µs less); else a uint8 tensor, recorded on
+    `stream` when that is not torch's current one."""
+    raw = _RAW_BLOCKS or _torch_raw_blocks()
+    dev = t.get_device()
+    if raw[0] is not None and raw[0]() == dev:
+        block = _new(TorchBlock)
+        block.ptr = ptr = raw[1](nbytes, stream)
+        return block, ptr
     buf = _torch_new_empty(t, (nbytes,), "uint8")
-    if stream != (_RAW_STREAM or _torch_raw_stream())(t.get_device()):
+    if stream != (_RAW_STREAM or _torch_raw_stream())(dev):
         import torch
         buf.record_stream(torch.cuda.ExternalStream(stream, device=buf.device))
     return buf, buf.data_ptr()
+
+
+def _torch_raw_blocks() -> tuple:
+    """torch's (current-device getter, raw block alloc(nbytes, stream), free(ptr)) where its CUDA
+    build has them, else (None, None, None)."""
+    global _RAW_BLOCKS
+    c = getattr(sys.modules.get("torch"), "_C", None)
+    names = ("_cuda_getDevice", "_cuda_cudaCachingAllocator_raw_alloc", "_cuda_cudaCachingAllocator_raw_delete")
+    found = tuple(getattr(c, n, None) for n in names)
+    _RAW_BLOCKS = found if None not in found else (None, None, None)
+    return _RAW_BLOCKS
 
 
 def _torch_empty_contiguous(t) -> tuple[object, int]:

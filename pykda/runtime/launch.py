@@ -11,12 +11,19 @@ validated plan, made once per argument key) binds its launches once instead (`La
 their constant arguments are packed then, each into a buffer of its own launch, and the
 arguments that change from call to call (pointers, tensor maps: `PerCall`) are read from one
 `CallValues` buffer that the call packs once for all its launches.
+
+From a prepared call's second call on a stream, its launches go to the driver as one CUDA graph
+executable of theirs for that stream (`LaunchGraph`): the kernel nodes' parameters are set from
+the same buffers, then one cuGraphLaunch (measured on the H200's host: 6.4 µs for two kernels
+against 12.6 µs for two cuLaunchKernelEx). A stream being captured into the caller's own graph,
+a driver without graphs, or PYKDA_GRAPH_LAUNCH=0 take the launches one by one.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
 import operator
+import os
 import struct
 import threading
 from typing import NamedTuple
@@ -154,7 +161,7 @@ class CallValues:
     in one buffer packed by one `struct` call, which each `BoundLaunch` of the call reads in place.
     `launch` holds the lock from the packing to the last launch: the buffer and the launches'
     stream are the call's, whichever thread makes it."""
-    __slots__ = ("sig", "layout", "buffer", "address", "lock")
+    __slots__ = ("sig", "layout", "buffer", "address", "lock", "graphs")
 
     def __init__(self, sig: tuple):
         self.sig = sig
@@ -163,12 +170,20 @@ class CallValues:
         base = ctypes.addressof(self.buffer)
         self.address = tuple(base + o for o in offsets)   # of each value
         self.lock = threading.Lock()
+        self.graphs: dict[tuple, object] = {}   # (stream, launches) -> calls so far (int), then their LaunchGraph
 
     def launch(self, values: tuple, launches: tuple, stream: int) -> None:
-        """Pack `values` (of this signature), then make each of `launches` (BoundLaunches reading
-        them) in order, asynchronously on the stream handle `stream`."""
+        """Pack `values` (of this signature), then make `launches` (BoundLaunches reading them) in
+        order, asynchronously on the stream handle `stream`: from their second call on this stream
+        as their LaunchGraph, else (and wherever the graph declines) one by one."""
         with self.lock:
             self.layout.pack_into(self.buffer, 0, *values)
+            key = (stream, launches)
+            graph = self.graphs.get(key, 0)
+            if type(graph) is not LaunchGraph and graph != NO_GRAPH and (graph or len(self.graphs) < GRAPH_STREAMS):
+                graph = self.graphs[key] = graph + 1 if graph < GRAPH_AFTER_CALLS else LaunchGraph.make(launches)
+            if type(graph) is LaunchGraph and graph(stream):
+                return
             for bound in launches:
                 bound(stream)
 
@@ -204,6 +219,116 @@ class BoundLaunch:
         status = _driver()[0](config.ref, self.kernel._handle, self.pointers, None)
         if status:
             _retry_or_raise(status, self.kernel, config, self.pointers)
+
+
+GRAPH_AFTER_CALLS = 1   # plain launches before a (stream, launches) gets its graph (a one-off call makes none)
+NO_GRAPH = -1           # a (stream, launches) whose graph the driver would not make: one by one for good
+GRAPH_STREAMS = 8       # graphs of one call's CallValues at most (more streams launch one by one)
+
+
+class _KernelNodeParams(ctypes.Structure):
+    """CUDA_KERNEL_NODE_PARAMS (the unversioned driver entry points' layout)."""
+    _fields_ = [("func", ctypes.c_void_p), ("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint),
+                ("grid_z", ctypes.c_uint), ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint),
+                ("block_z", ctypes.c_uint), ("smem", ctypes.c_uint), ("params", ctypes.c_void_p),
+                ("extra", ctypes.c_void_p)]
+
+
+class _GraphDriver(NamedTuple):
+    """The driver's graph entry points, prototyped (64-bit handles)."""
+    create: object
+    add_kernel_node: object
+    instantiate: object
+    set_params: object
+    launch: object
+    is_capturing: object
+    destroy_exec: object
+    destroy: object
+
+
+@functools.lru_cache(maxsize=None)
+def _graph_driver() -> _GraphDriver | None:
+    """The graph entry points of libcuda, or None (no driver, one without them, or
+    PYKDA_GRAPH_LAUNCH=0): launches then go one by one."""
+    if os.environ.get("PYKDA_GRAPH_LAUNCH", "1") == "0":
+        return None
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        names = ("cuGraphCreate", "cuGraphAddKernelNode", "cuGraphInstantiateWithFlags",
+                 "cuGraphExecKernelNodeSetParams", "cuGraphLaunch", "cuStreamIsCapturing", "cuGraphExecDestroy",
+                 "cuGraphDestroy")
+        fns = [getattr(lib, n) for n in names]
+    except (OSError, AttributeError):
+        return None
+    p, u, ull, ptr = ctypes.c_void_p, ctypes.c_uint, ctypes.c_ulonglong, ctypes.POINTER
+    protos = ([ptr(p), u], [ptr(p), p, p, ctypes.c_size_t, p], [ptr(p), p, ull], [p, p, p], [p, p],
+              [p, ptr(ctypes.c_int)], [p], [p])
+    for f, args in zip(fns, protos):
+        f.argtypes, f.restype = args, ctypes.c_int
+    return _GraphDriver(*fns)
+
+
+class LaunchGraph:
+    """A call's launches (BoundLaunches, in order) as one CUDA graph executable, for one stream:
+    a chain of kernel nodes whose parameters are set, at every call, from the launches' own
+    pointer arrays (the call's values just packed), then one launch of the whole. Changing the
+    parameters leaves launches already enqueued as they were (the driver's contract)."""
+    __slots__ = ("driver", "graph", "exec", "nodes", "params", "_steps")
+
+    @classmethod
+    def make(cls, launches: tuple) -> "LaunchGraph | int":
+        """The graph of `launches`, or NO_GRAPH where the driver has no graphs or makes none."""
+        driver = _graph_driver()
+        if driver is None or not launches:
+            return NO_GRAPH
+        try:
+            return cls(driver, launches)
+        except RuntimeError:
+            return NO_GRAPH
+
+    def __init__(self, driver: _GraphDriver, launches: tuple):
+        import cupy
+        self.driver, self.graph, self.exec, self.nodes, self.params = driver, ctypes.c_void_p(), None, [], []
+        with cupy.cuda.Device(launches[0].kernel.device):
+            self._check(driver.create(ctypes.byref(self.graph), 0), "cuGraphCreate")
+            for bound in launches:
+                c = bound.config
+                params = _KernelNodeParams(bound.kernel.handle, c.grid_x, c.grid_y, c.grid_z, c.block_x, c.block_y,
+                                           c.block_z, c.smem, ctypes.cast(bound.pointers, ctypes.c_void_p), None)
+                node = ctypes.c_void_p()
+                deps = ctypes.byref(self.nodes[-1]) if self.nodes else None
+                self._check(driver.add_kernel_node(ctypes.byref(node), self.graph, deps, min(len(self.nodes), 1),
+                                                   ctypes.byref(params)), "cuGraphAddKernelNode")
+                self.nodes.append(node)
+                self.params.append(params)
+            exe = ctypes.c_void_p()
+            self._check(driver.instantiate(ctypes.byref(exe), self.graph, 0), "cuGraphInstantiateWithFlags")
+            self.exec = exe
+        self._steps = tuple(zip(self.nodes, map(ctypes.byref, self.params)))
+
+    @staticmethod
+    def _check(status: int, what: str) -> None:
+        if status:
+            raise RuntimeError(f"{what} failed: {_error_name(status)}")
+
+    def __call__(self, stream: int) -> bool:
+        """Launch on the stream handle `stream`, the call's values packed (the caller holds their
+        lock). False, with nothing launched, where the stream is being captured (the caller's
+        capture records plain kernel launches) or the driver refuses."""
+        d, exe = self.driver, self.exec
+        status = ctypes.c_int()
+        if d.is_capturing(stream, ctypes.byref(status)) or status.value:
+            return False
+        for node, params in self._steps:
+            if d.set_params(exe, node, params):
+                return False
+        return d.launch(exe, stream) == 0
+
+    def __del__(self):
+        if self.exec is not None:
+            self.driver.destroy_exec(self.exec)
+        if self.graph:
+            self.driver.destroy(self.graph)
 
 
 def _retry_or_raise(status: int, kernel: "Kernel", config: LaunchConfig, pointers) -> None:
