@@ -112,6 +112,11 @@ PYKDA_DEVICE float fast_exp2(float x) {  // 2^x, ex2.approx (2 ulp); -inf -> 0
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
+PYKDA_DEVICE float fast_rsqrt(float x) {  // 1/sqrt(x), rsqrt.approx; x below 2^-126 flushed to 0 (-> inf)
+  float y;
+  asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 PYKDA_DEVICE float fast_log2(float x) {
   float y;
   asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

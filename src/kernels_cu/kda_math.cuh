@@ -38,7 +38,8 @@ PYKDA_DEVICE float kda_log2_softplus(float x) {
 PYKDA_DEVICE float kda_fast_sigmoid(float x) { return fast_rcp(1.f + fast_exp2(-x * KDA_LOG2E)); }
 
 // 1 / sqrt(Σx² + eps): multiply a row of q or k by this to L2-normalise it.
-PYKDA_DEVICE float kda_inv_norm(float sum_sq) { return rsqrtf(sum_sq + KDA_L2_EPS); }
+// (rsqrtf's result without its denormal path: the argument is at least KDA_L2_EPS)
+PYKDA_DEVICE float kda_inv_norm(float sum_sq) { return fast_rsqrt(sum_sq + KDA_L2_EPS); }
 
 // The factor a row of q or k is multiplied by: its inverse L2 norm when the kernel normalises,
 // else 1 (the caller normalised, or wants none).
