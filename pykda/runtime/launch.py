@@ -283,7 +283,7 @@ class LaunchGraph:
             return NO_GRAPH
         try:
             return cls(driver, launches)
-        except RuntimeError:
+        except (RuntimeError, ctypes.ArgumentError):
             return NO_GRAPH
 
     def __init__(self, driver: _GraphDriver, launches: tuple):
