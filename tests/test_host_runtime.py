@@ -453,11 +453,13 @@ class _GraphDriver:
     def __init__(self, sig, capturing=(), fail=()):
         self.sig, self.capturing, self.fail = sig, set(capturing), set(fail)
         self.nodes, self.set, self.launched, self.destroyed, self.handles = [], [], [], [], iter(range(1, 1000))
+        self.mode, self.modes_made_in = 0, []   # the thread's capture mode (0: global); the mode at each create
 
     def _new(self, ref):
         ref._obj.value = next(self.handles)
 
     def create(self, graph_ref, flags):
+        self.modes_made_in.append(self.mode)
         if "create" in self.fail:
             return 999
         self._new(graph_ref)
@@ -487,7 +489,12 @@ class _GraphDriver:
         status_ref._obj.value = int(stream in self.capturing)
         return 0
 
+    def exchange_capture_mode(self, mode_ref):
+        self.mode, mode_ref._obj.value = mode_ref._obj.value, self.mode
+        return 0
+
     def destroy_exec(self, exe):
+        assert self.mode == 2, "destroyed in relaxed capture mode"
         self.destroyed.append(("exec", exe.value))
 
     def destroy(self, graph):
@@ -495,7 +502,7 @@ class _GraphDriver:
 
     def entry_points(self):
         return launch._GraphDriver(self.create, self.add_kernel_node, self.instantiate, self.set_params, self.launch,
-                                   self.is_capturing, self.destroy_exec, self.destroy)
+                                   self.is_capturing, self.exchange_capture_mode, self.destroy_exec, self.destroy)
 
 
 def _two_bound_launches(monkeypatch, **graph_kw):
@@ -529,15 +536,24 @@ def test_a_calls_second_launch_on_a_stream_goes_as_one_graph_with_that_calls_val
     assert (dep1, dep2) == (None, n1) and f1 == f2 == 0xabc   # a chain: the second kernel after the first
     assert (g1, g2, b1, s1, s2) == ((2, 1, 1), (4, 1, 1), 64, 512, 1024)
     assert len(graphs.launched) == 2
+    assert graphs.modes_made_in == [2] and graphs.mode == 0   # made in relaxed capture mode, then restored
 
 
 def test_each_stream_gets_a_graph_of_its_own_and_a_captured_stream_launches_one_by_one(monkeypatch):
+    """A stream being captured records plain kernel launches and gets no graph made (torch's
+    captures run on one stream, capture after capture), neither for its first calls nor after
+    a graph was made for it: both launch one by one until the capture ends."""
     values, launches, plain, graphs = _two_bound_launches(monkeypatch, capturing={9})
     for stream in (7, 8, 7, 8, 9, 9, 9):
         values.launch((stream,), launches, stream)
     assert [s for _, s in graphs.launched] == [7, 8]   # the second call of each of 7 and 8
     assert [c[3] for c in plain.calls] == [7, 7, 8, 8] + [9] * 6   # 9 is being captured: its calls stay kernels
-    assert len(graphs.nodes) == 6   # graphs for 7, 8 and 9 (9's declines while captured)
+    assert len(graphs.nodes) == 4   # graphs for 7 and 8 only
+    graphs.capturing = {7}   # a capture on 7 after its graph was made
+    values.launch((7,), launches, 7)
+    graphs.capturing = set()   # 9's capture ended: its next call makes its graph
+    values.launch((9,), launches, 9)
+    assert [s for _, s in graphs.launched] == [7, 8, 9] and [c[3] for c in plain.calls[-2:]] == [7, 7]
 
 
 def test_a_graph_the_driver_will_not_make_is_not_asked_for_again(monkeypatch):
@@ -563,6 +579,7 @@ def test_graphs_per_call_are_capped_and_freed_with_it(monkeypatch):
     assert len(values.graphs) == launch.GRAPH_STREAMS and len(graphs.launched) == launch.GRAPH_STREAMS
     assert len(plain.calls) == 2 * launch.GRAPH_STREAMS + 4 * 3
     values.graphs.clear()
+    assert graphs.mode == 0
     assert sorted(graphs.destroyed) == sorted([("exec", 4 + 4 * i) for i in range(launch.GRAPH_STREAMS)]
                                               + [("graph", 1 + 4 * i) for i in range(launch.GRAPH_STREAMS)])
 

@@ -181,7 +181,8 @@ class CallValues:
             key = (stream, launches)
             graph = self.graphs.get(key, 0)
             if type(graph) is not LaunchGraph and graph != NO_GRAPH and (graph or len(self.graphs) < GRAPH_STREAMS):
-                graph = self.graphs[key] = graph + 1 if graph < GRAPH_AFTER_CALLS else LaunchGraph.make(launches)
+                graph = self.graphs[key] = (graph + 1 if graph < GRAPH_AFTER_CALLS
+                                            else LaunchGraph.make(launches, stream))
             if type(graph) is LaunchGraph and graph(stream):
                 return
             for bound in launches:
@@ -242,6 +243,7 @@ class _GraphDriver(NamedTuple):
     set_params: object
     launch: object
     is_capturing: object
+    exchange_capture_mode: object
     destroy_exec: object
     destroy: object
 
@@ -255,17 +257,26 @@ def _graph_driver() -> _GraphDriver | None:
     try:
         lib = ctypes.CDLL("libcuda.so.1")
         names = ("cuGraphCreate", "cuGraphAddKernelNode", "cuGraphInstantiateWithFlags",
-                 "cuGraphExecKernelNodeSetParams", "cuGraphLaunch", "cuStreamIsCapturing", "cuGraphExecDestroy",
-                 "cuGraphDestroy")
+                 "cuGraphExecKernelNodeSetParams", "cuGraphLaunch", "cuStreamIsCapturing",
+                 "cuThreadExchangeStreamCaptureMode", "cuGraphExecDestroy", "cuGraphDestroy")
         fns = [getattr(lib, n) for n in names]
     except (OSError, AttributeError):
         return None
     p, u, ull, ptr = ctypes.c_void_p, ctypes.c_uint, ctypes.c_ulonglong, ctypes.POINTER
     protos = ([ptr(p), u], [ptr(p), p, p, ctypes.c_size_t, p], [ptr(p), p, ull], [p, p, p], [p, p],
-              [p, ptr(ctypes.c_int)], [p], [p])
+              [p, ptr(ctypes.c_int)], [ptr(ctypes.c_int)], [p], [p])
     for f, args in zip(fns, protos):
         f.argtypes, f.restype = args, ctypes.c_int
     return _GraphDriver(*fns)
+
+
+_CAPTURE_MODE_RELAXED = 2   # CU_STREAM_CAPTURE_MODE_RELAXED
+
+
+def _capturing(driver: _GraphDriver, stream: int) -> bool:
+    """The stream handle `stream` is being captured into a graph (or its state is unknown)."""
+    status = ctypes.c_int()
+    return bool(driver.is_capturing(stream, ctypes.byref(status)) or status.value)
 
 
 class LaunchGraph:
@@ -276,15 +287,25 @@ class LaunchGraph:
     __slots__ = ("driver", "graph", "exec", "nodes", "params", "_steps")
 
     @classmethod
-    def make(cls, launches: tuple) -> "LaunchGraph | int":
-        """The graph of `launches`, or NO_GRAPH where the driver has no graphs or makes none."""
+    def make(cls, launches: tuple, stream: int) -> "LaunchGraph | int":
+        """The graph of `launches` for the stream handle `stream`; NO_GRAPH where the driver has
+        no graphs or makes none; GRAPH_AFTER_CALLS (ask again next call) while `stream` is being
+        captured. It is made in this thread's relaxed capture mode, so that a capture in global
+        mode elsewhere (torch's default) is not broken by the driver calls."""
         driver = _graph_driver()
         if driver is None or not launches:
+            return NO_GRAPH
+        if _capturing(driver, stream):
+            return GRAPH_AFTER_CALLS
+        mode = ctypes.c_int(_CAPTURE_MODE_RELAXED)
+        if driver.exchange_capture_mode(ctypes.byref(mode)):
             return NO_GRAPH
         try:
             return cls(driver, launches)
         except (RuntimeError, ctypes.ArgumentError):
             return NO_GRAPH
+        finally:
+            driver.exchange_capture_mode(ctypes.byref(mode))   # the thread's mode as it was
 
     def __init__(self, driver: _GraphDriver, launches: tuple):
         import cupy
@@ -316,19 +337,22 @@ class LaunchGraph:
         lock). False, with nothing launched, where the stream is being captured (the caller's
         capture records plain kernel launches) or the driver refuses."""
         d, exe = self.driver, self.exec
-        status = ctypes.c_int()
-        if d.is_capturing(stream, ctypes.byref(status)) or status.value:
+        if _capturing(d, stream):
             return False
         for node, params in self._steps:
             if d.set_params(exe, node, params):
                 return False
         return d.launch(exe, stream) == 0
 
-    def __del__(self):
+    def __del__(self):   # (relaxed capture mode, as when made)
+        d, mode = self.driver, ctypes.c_int(_CAPTURE_MODE_RELAXED)
+        relaxed = d.exchange_capture_mode(ctypes.byref(mode)) == 0
         if self.exec is not None:
-            self.driver.destroy_exec(self.exec)
+            d.destroy_exec(self.exec)
         if self.graph:
-            self.driver.destroy(self.graph)
+            d.destroy(self.graph)
+        if relaxed:
+            d.exchange_capture_mode(ctypes.byref(mode))
 
 
 def _retry_or_raise(status: int, kernel: "Kernel", config: LaunchConfig, pointers) -> None:
