@@ -556,6 +556,13 @@ def test_each_stream_gets_a_graph_of_its_own_and_a_captured_stream_launches_one_
     assert [s for _, s in graphs.launched] == [7, 8, 9] and [c[3] for c in plain.calls[-2:]] == [7, 7]
 
 
+def test_a_single_launch_stays_a_kernel_launch(monkeypatch):
+    values, launches, plain, graphs = _two_bound_launches(monkeypatch)
+    for v in range(3):
+        values.launch((v,), launches[:1], 7)
+    assert len(plain.calls) == 3 and graphs.nodes == [] and values.graphs == {}
+
+
 def test_a_graph_the_driver_will_not_make_is_not_asked_for_again(monkeypatch):
     values, launches, plain, graphs = _two_bound_launches(monkeypatch, fail={"create"})
     for v in range(4):
