@@ -507,7 +507,8 @@ class _GraphDriver:
 
 def _two_bound_launches(monkeypatch, **graph_kw):
     """A call of two bound launches (grids 2 and 4, one PerCall value each), the plain driver and
-    a graph driver, both recording; cupy.cuda.Device stubbed."""
+    a graph driver, both recording; cupy.cuda.Device stubbed; a graph from the second call."""
+    monkeypatch.setattr(launch, "GRAPH_AFTER_CALLS", 1)
     plain = _Driver()
     monkeypatch.setattr(launch, "_driver", plain.driver)
     sig = (int, np.int32)
@@ -554,6 +555,15 @@ def test_each_stream_gets_a_graph_of_its_own_and_a_captured_stream_launches_one_
     graphs.capturing = set()   # 9's capture ended: its next call makes its graph
     values.launch((9,), launches, 9)
     assert [s for _, s in graphs.launched] == [7, 8, 9] and [c[3] for c in plain.calls[-2:]] == [7, 7]
+
+
+def test_a_graph_is_made_only_after_many_calls(monkeypatch):
+    after = launch.GRAPH_AFTER_CALLS
+    values, launches, plain, graphs = _two_bound_launches(monkeypatch)
+    monkeypatch.setattr(launch, "GRAPH_AFTER_CALLS", after)
+    for v in range(after + 2):
+        values.launch((v,), launches, 7)
+    assert after >= 4 and len(plain.calls) == 2 * after and len(graphs.launched) == 2
 
 
 def test_a_single_launch_stays_a_kernel_launch(monkeypatch):

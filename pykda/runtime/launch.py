@@ -12,7 +12,7 @@ their constant arguments are packed then, each into a buffer of its own launch, 
 arguments that change from call to call (pointers, tensor maps: `PerCall`) are read from one
 `CallValues` buffer that the call packs once for all its launches.
 
-From a prepared call's second call on a stream, a call of two or more launches goes to the
+From a prepared call's ninth call on a stream, a call of two or more launches goes to the
 driver as one CUDA graph executable of its launches for that stream (`LaunchGraph`): the kernel
 nodes' parameters are set from the same buffers, then one cuGraphLaunch (on the H200's host:
 6.4 µs for chunk_kda's two kernels against 12.6 µs for two cuLaunchKernelEx; whole calls 2–3 µs
@@ -175,8 +175,8 @@ class CallValues:
 
     def launch(self, values: tuple, launches: tuple, stream: int) -> None:
         """Pack `values` (of this signature), then make `launches` (BoundLaunches reading them) in
-        order, asynchronously on the stream handle `stream`: two or more, from their second call
-        on this stream, as their LaunchGraph; else (and wherever the graph declines) one by one.
+        order, asynchronously on the stream handle `stream`: two or more, after GRAPH_AFTER_CALLS
+        calls on this stream, as their LaunchGraph; else (and wherever the graph declines) one by one.
         (One launch gains nothing as a graph: 17.5 µs per fused_recurrent_kda call either way.)"""
         with self.lock:
             self.layout.pack_into(self.buffer, 0, *values)
@@ -225,7 +225,8 @@ class BoundLaunch:
             _retry_or_raise(status, self.kernel, config, self.pointers)
 
 
-GRAPH_AFTER_CALLS = 1   # plain launches before a (stream, launches) gets its graph (a one-off call makes none)
+GRAPH_AFTER_CALLS = 8   # plain launches before a (stream, launches) gets its graph: making one (~tens of
+                        # µs) pays off only over many calls (2-4 µs each), and shapes seen a few times make none
 NO_GRAPH = -1           # a (stream, launches) whose graph the driver would not make: one by one for good
 GRAPH_STREAMS = 8       # graphs of one call's CallValues at most (more streams launch one by one)
 
