@@ -243,13 +243,11 @@ def _torch_new_empty(t, shape: tuple, dtype: str | None):
 
 class TorchBlock:
     """A block of torch's caching allocator taken for one stream (`torch_scratch`); dropping the
-    last reference gives it back, for reuse in that stream's order."""
-    __slots__ = ("ptr",)
+    last reference gives it back (`free`, torch's), for reuse in that stream's order."""
+    __slots__ = ("ptr", "free")
 
     def __del__(self):
-        free = _RAW_BLOCKS[2] if _RAW_BLOCKS else None
-        if free is not None:
-            free(self.ptr)
+        self.free(self.ptr)
 
 
 def torch_scratch(t, nbytes: int, stream: int) -> tuple[object, int]:
@@ -264,6 +262,7 @@ def torch_scratch(t, nbytes: int, stream: int) -> tuple[object, int]:
     if raw[0] is not None and raw[0]() == dev:
         block = _new(TorchBlock)
         block.ptr = ptr = raw[1](nbytes, stream)
+        block.free = raw[2]
         return block, ptr
     buf = _torch_new_empty(t, (nbytes,), "uint8")
     if stream != (_RAW_STREAM or _torch_raw_stream())(dev):
