@@ -344,8 +344,8 @@ def test_chunk_kda_shared_pool_and_fresh_stream():
 
 def test_torch_scratch_is_a_raw_block_of_torch_allocator_for_the_launch_stream():
     """On a CUDA build of torch, the workspace of a torch call is a raw block of torch's caching
-    allocator (counted by torch, given back when its owner goes); captured, it comes from the
-    graph's pool, so torch's memory outside the pool does not grow."""
+    allocator (counted by torch, given back when its owner goes); inside a capture it comes from
+    the graph's pool (a new segment of it, where outside the capture t's segment had room)."""
     from pykda.runtime.arrays import TorchBlock
     t = torch.empty(8, device="cuda")
     s = torch.cuda.Stream()

@@ -21,6 +21,7 @@ PYKDA_GRAPH_LAUNCH=0 take the launches one by one.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import operator
@@ -180,14 +181,14 @@ class CallValues:
         (One launch gains nothing as a graph: 17.5 µs per fused_recurrent_kda call either way.)"""
         with self.lock:
             self.layout.pack_into(self.buffer, 0, *values)
-            key = (stream, launches)
-            graph = self.graphs.get(key, 0)
-            if (type(graph) is not LaunchGraph and graph != NO_GRAPH and len(launches) > 1
-                    and (graph or len(self.graphs) < GRAPH_STREAMS)):
-                graph = self.graphs[key] = (graph + 1 if graph < GRAPH_AFTER_CALLS
-                                            else LaunchGraph.make(launches, stream))
-            if type(graph) is LaunchGraph and graph(stream):
-                return
+            if len(launches) > 1:
+                key = (stream, launches)
+                graph = self.graphs.get(key, 0)
+                if type(graph) is not LaunchGraph and graph != NO_GRAPH and (graph or len(self.graphs) < GRAPH_STREAMS):
+                    graph = self.graphs[key] = (graph + 1 if graph < GRAPH_AFTER_CALLS
+                                                else LaunchGraph.make(launches, stream))
+                if type(graph) is LaunchGraph and graph(stream):
+                    return
             for bound in launches:
                 bound(stream)
 
@@ -277,6 +278,20 @@ def _graph_driver() -> _GraphDriver | None:
 _CAPTURE_MODE_RELAXED = 2   # CU_STREAM_CAPTURE_MODE_RELAXED
 
 
+@contextlib.contextmanager
+def _relaxed_capture_mode(driver: _GraphDriver):
+    """This thread in relaxed capture mode for the block (yields whether the driver switched it),
+    then as it was: graph calls made there do not break a capture in global mode elsewhere
+    (torch's default)."""
+    mode = ctypes.c_int(_CAPTURE_MODE_RELAXED)
+    relaxed = driver.exchange_capture_mode(ctypes.byref(mode)) == 0
+    try:
+        yield relaxed
+    finally:
+        if relaxed:
+            driver.exchange_capture_mode(ctypes.byref(mode))
+
+
 def _capturing(driver: _GraphDriver, stream: int) -> bool:
     """The stream handle `stream` is being captured into a graph (or its state is unknown)."""
     status = ctypes.c_int()
@@ -288,32 +303,30 @@ class LaunchGraph:
     a chain of kernel nodes whose parameters are set, at every call, from the launches' own
     pointer arrays (the call's values just packed), then one launch of the whole. Changing the
     parameters leaves launches already enqueued as they were (the driver's contract)."""
-    __slots__ = ("driver", "graph", "exec", "nodes", "params", "_steps")
+    __slots__ = ("driver", "graph", "exec", "_steps")
 
     @classmethod
     def make(cls, launches: tuple, stream: int) -> "LaunchGraph | int":
         """The graph of `launches` for the stream handle `stream`; NO_GRAPH where the driver has
         no graphs or makes none; GRAPH_AFTER_CALLS (ask again next call) while `stream` is being
-        captured. It is made in this thread's relaxed capture mode, so that a capture in global
-        mode elsewhere (torch's default) is not broken by the driver calls."""
+        captured. It is made in this thread's relaxed capture mode."""
         driver = _graph_driver()
-        if driver is None or not launches:
+        if driver is None:
             return NO_GRAPH
         if _capturing(driver, stream):
             return GRAPH_AFTER_CALLS
-        mode = ctypes.c_int(_CAPTURE_MODE_RELAXED)
-        if driver.exchange_capture_mode(ctypes.byref(mode)):
-            return NO_GRAPH
-        try:
-            return cls(driver, launches)
-        except (RuntimeError, ctypes.ArgumentError):
-            return NO_GRAPH
-        finally:
-            driver.exchange_capture_mode(ctypes.byref(mode))   # the thread's mode as it was
+        with _relaxed_capture_mode(driver) as relaxed:
+            if not relaxed:
+                return NO_GRAPH
+            try:
+                return cls(driver, launches)
+            except (RuntimeError, ctypes.ArgumentError):
+                return NO_GRAPH
 
     def __init__(self, driver: _GraphDriver, launches: tuple):
         import cupy
-        self.driver, self.graph, self.exec, self.nodes, self.params = driver, ctypes.c_void_p(), None, [], []
+        self.driver, self.graph, self.exec = driver, ctypes.c_void_p(), None
+        nodes, params_of = [], []
         with cupy.cuda.Device(launches[0].kernel.device):
             self._check(driver.create(ctypes.byref(self.graph), 0), "cuGraphCreate")
             for bound in launches:
@@ -321,15 +334,15 @@ class LaunchGraph:
                 params = _KernelNodeParams(bound.kernel.handle, c.grid_x, c.grid_y, c.grid_z, c.block_x, c.block_y,
                                            c.block_z, c.smem, ctypes.cast(bound.pointers, ctypes.c_void_p), None)
                 node = ctypes.c_void_p()
-                deps = ctypes.byref(self.nodes[-1]) if self.nodes else None
-                self._check(driver.add_kernel_node(ctypes.byref(node), self.graph, deps, min(len(self.nodes), 1),
+                deps = ctypes.byref(nodes[-1]) if nodes else None
+                self._check(driver.add_kernel_node(ctypes.byref(node), self.graph, deps, min(len(nodes), 1),
                                                    ctypes.byref(params)), "cuGraphAddKernelNode")
-                self.nodes.append(node)
-                self.params.append(params)
+                nodes.append(node)
+                params_of.append(params)
             exe = ctypes.c_void_p()
             self._check(driver.instantiate(ctypes.byref(exe), self.graph, 0), "cuGraphInstantiateWithFlags")
             self.exec = exe
-        self._steps = tuple(zip(self.nodes, map(ctypes.byref, self.params)))
+        self._steps = tuple(zip(nodes, map(ctypes.byref, params_of)))   # (node, its parameters), in order
 
     @staticmethod
     def _check(status: int, what: str) -> None:
@@ -348,15 +361,12 @@ class LaunchGraph:
                 return False
         return d.launch(exe, stream) == 0
 
-    def __del__(self):   # (relaxed capture mode, as when made)
-        d, mode = self.driver, ctypes.c_int(_CAPTURE_MODE_RELAXED)
-        relaxed = d.exchange_capture_mode(ctypes.byref(mode)) == 0
-        if self.exec is not None:
-            d.destroy_exec(self.exec)
-        if self.graph:
-            d.destroy(self.graph)
-        if relaxed:
-            d.exchange_capture_mode(ctypes.byref(mode))
+    def __del__(self):
+        with _relaxed_capture_mode(self.driver):   # as when made
+            if self.exec is not None:
+                self.driver.destroy_exec(self.exec)
+            if self.graph:
+                self.driver.destroy(self.graph)
 
 
 def _retry_or_raise(status: int, kernel: "Kernel", config: LaunchConfig, pointers) -> None:
