@@ -443,12 +443,15 @@ def check_checkpoints(buf: DeviceArray | None, p: KdaProblem, every: int) -> int
 
 def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state, cu_seqlens,
                       out, final_state, intermediate_states, scale, flags, state_v_first, chunk_size, warps, stages,
-                      segment_chunks, longest, output_final_state, checkpoint_every=0, rank=False) -> KdaCall:
+                      segment_chunks, longest, output_final_state, wants_checkpoints=False, checkpoint_every=None,
+                      rank=False) -> KdaCall:
     """Validate a call, plan it and make everything its launches need but the call's values
     (CALL_VALUES: pointers, v's tensor map, the workspace) and the stream: kernels (compiled on
     first use) bound to their constant arguments. `flags`: KdaFlags or a tuple of its
-    fields (the hot path's key holds a plain tuple). `checkpoint_every`: tokens between
-    checkpoints (0: none). `rank`: a rank's slice (chunk_kda_slice)."""
+    fields (the hot path's key holds a plain tuple). `chunk_size`, `checkpoint_every`: as the
+    caller gave them (`kernel_chunk`, `checkpoint_tokens`); `wants_checkpoints`: the call writes them.
+    `rank`: a rank's slice (chunk_kda_slice)."""
+    chunk_size, checkpoint_every = checkpoint_tokens(chunk_size, wants_checkpoints, checkpoint_every)
     p = validate_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state, cu_seqlens,
                      out, final_state, KdaFlags(*flags), bool(state_v_first), chunk_size)
     checkpoints, ckpt_bf16 = (I32(0), I64(0)), I32(0)
@@ -543,6 +546,22 @@ def kernel_chunk(chunk_size) -> tuple[int, int]:
             chunk_size if chunk_size in FLA_CHUNKS else FLA_CHUNKS[-1])
 
 
+def checkpoint_tokens(chunk_size, checkpoints: bool, checkpoint_every) -> tuple[int, int]:
+    """The kernels' chunk (`kernel_chunk`) and the tokens between checkpoints: 0 without
+    `checkpoints`, else `checkpoint_every` (None: fla's spacing for `chunk_size`), a positive int."""
+    chunk, default_every = kernel_chunk(chunk_size)
+    if not checkpoints:
+        if checkpoint_every is not None:
+            raise ValueError("checkpoint_every is given without return_intermediate_states or intermediate_states")
+        return chunk, 0
+    every = default_every if checkpoint_every is None else checkpoint_every
+    if not is_int(every):
+        raise ValueError(f"checkpoint_every must be an int (tokens); got {checkpoint_every!r}")
+    if every <= 0:
+        raise ValueError(f"checkpoint_every must be a positive multiple of chunk_size; got {every}")
+    return chunk, int(every)
+
+
 ARGUMENTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "state_indices", "has_initial_state",
              "cu_seqlens", "out", "final_state", "intermediate_states")
 REQUIRED = 5   # q .. beta
@@ -615,28 +634,21 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
         if shape and hasattr(cu_seqlens_cpu, "__len__") and len(cu_seqlens_cpu) != shape[0]:
             raise ValueError(f"cu_seqlens_cpu must be the host copy of cu_seqlens ({shape[0]} entries); got "
                              f"{len(cu_seqlens_cpu)} entries")
-    state_v_first = resolve_state_v_first(state_v_first, transpose_state_layout)
-    chunk_size, default_every = kernel_chunk(chunk_size)
-    every = 0
-    if return_intermediate_states or intermediate_states is not None:
-        every = default_every if checkpoint_every is None else checkpoint_every
-        if not is_int(every):
-            raise ValueError(f"checkpoint_every must be an int (tokens); got {checkpoint_every!r}")
-        every = int(every)
-        if every <= 0:
-            raise ValueError(f"checkpoint_every must be a positive multiple of chunk_size; got {every}")
-    elif checkpoint_every is not None:
-        raise ValueError("checkpoint_every is given without return_intermediate_states or intermediate_states")
+    if transpose_state_layout is not None:
+        state_v_first = resolve_state_v_first(state_v_first, transpose_state_layout)
     longest = None   # a planning hint, read only where segments are possible (2 segments of the smallest size)
     if cu_seqlens_cpu is not None and segment_chunks is None:
         shape = getattr(q, "shape", ())   # (validation names a bad q later)
-        if len(shape) == 4 and shape[1] >= 2 * SEGMENT_MIN_CHUNKS * chunk_size:
-            longest = longest_chunks(cu_seqlens_cpu, chunk_size)
+        chunk = kernel_chunk(chunk_size)[0]
+        if len(shape) == 4 and shape[1] >= 2 * SEGMENT_MIN_CHUNKS * chunk:
+            longest = longest_chunks(cu_seqlens_cpu, chunk)
     arrays = CallArrays((q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state,
                          cu_seqlens, out, final_state, intermediate_states), ARGUMENTS, REQUIRED)
+    # as given: chunk_size and the checkpoints are resolved (and checked) when the call is prepared
     settings = (scale, (use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
                         safe_gate, lower_bound),   # KdaFlags' fields
-                state_v_first, chunk_size, warps, stages, segment_chunks, longest, output_final_state, every)
+                state_v_first, chunk_size, warps, stages, segment_chunks, longest, output_final_state,
+                bool(return_intermediate_states) or intermediate_states is not None, checkpoint_every)
     call = PREPARED.get((arrays.key, settings), arrays, settings)
     o, fs, ckpt = _run(call, arrays, q, stream, out, initial_state, final_state,
                        checkpoints=(intermediate_states, cu_seqlens_cpu))
@@ -722,7 +734,6 @@ def chunk_kda_slice(q, k, v, g, beta, start_of, scale: float | None = None, outp
                         REQUIRED)
     settings = (scale, (use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
                         safe_gate, lower_bound),
-                state_v_first, kernel_chunk(chunk_size)[0], warps, stages, segment_chunks, None, output_final_state, 0,
-                True)
+                state_v_first, chunk_size, warps, stages, segment_chunks, None, output_final_state, False, None, True)
     call = PREPARED.get((arrays.key, settings), arrays, settings)
     return _run(call, arrays, q, stream, out, None, final_state, start_of)[:2]

@@ -292,9 +292,10 @@ def _relaxed_capture_mode(driver: _GraphDriver):
             driver.exchange_capture_mode(ctypes.byref(mode))
 
 
-def _capturing(driver: _GraphDriver, stream: int) -> bool:
-    """The stream handle `stream` is being captured into a graph (or its state is unknown)."""
-    status = ctypes.c_int()
+def _capturing(driver: _GraphDriver, stream: int, status: ctypes.c_int | None = None) -> bool:
+    """The stream handle `stream` is being captured into a graph (or its state is unknown);
+    `status`: a c_int of the caller's to read it into (one call at a time)."""
+    status = ctypes.c_int() if status is None else status
     return bool(driver.is_capturing(stream, ctypes.byref(status)) or status.value)
 
 
@@ -303,7 +304,7 @@ class LaunchGraph:
     a chain of kernel nodes whose parameters are set, at every call, from the launches' own
     pointer arrays (the call's values just packed), then one launch of the whole. Changing the
     parameters leaves launches already enqueued as they were (the driver's contract)."""
-    __slots__ = ("driver", "graph", "exec", "_steps")
+    __slots__ = ("driver", "graph", "exec", "_steps", "_status")
 
     @classmethod
     def make(cls, launches: tuple, stream: int) -> "LaunchGraph | int":
@@ -325,7 +326,7 @@ class LaunchGraph:
 
     def __init__(self, driver: _GraphDriver, launches: tuple):
         import cupy
-        self.driver, self.graph, self.exec = driver, ctypes.c_void_p(), None
+        self.driver, self.graph, self.exec, self._status = driver, ctypes.c_void_p(), None, ctypes.c_int()
         nodes, params_of = [], []
         with cupy.cuda.Device(launches[0].kernel.device):
             self._check(driver.create(ctypes.byref(self.graph), 0), "cuGraphCreate")
@@ -354,7 +355,7 @@ class LaunchGraph:
         lock). False, with nothing launched, where the stream is being captured (the caller's
         capture records plain kernel launches) or the driver refuses."""
         d, exe = self.driver, self.exec
-        if _capturing(d, stream):
+        if _capturing(d, stream, self._status):   # (the caller's lock makes the status buffer this call's)
             return False
         for node, params in self._steps:
             if d.set_params(exe, node, params):
