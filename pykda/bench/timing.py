@@ -63,21 +63,19 @@ def start(flush: str = "read") -> tuple[Timer, float]:
     return timer, copy_tbs
 
 
-def host_us(fn, n=300, clock=time.perf_counter) -> float:
+def host_us(fn, n=300) -> float:
     """Host µs per call of `fn`: the time a call takes to return with the GPU idle when it is
     made (synchronized before each call, outside the timing), the median of `n` calls after a
     warm-up. (A tight loop of calls would time the GPU wherever the kernels outlast the host's
-    work: the launch queue fills and the host waits.) `clock=time.thread_time` counts only the
-    CPU time of this thread: on a shared host, other processes on its core can double the wall
-    time of a whole process's calls."""
+    work: the launch queue fills and the host waits.)"""
     import torch
     fn()
     times = []
     for _ in range(n):
         torch.cuda.synchronize()
-        t0 = clock()
+        t0 = time.perf_counter()
         fn()
-        times.append(clock() - t0)
+        times.append(time.perf_counter() - t0)
     torch.cuda.synchronize()
     return statistics.median(times) * 1e6
 
