@@ -999,6 +999,23 @@ def test_fla_s_chunk_sizes_space_the_checkpoints_as_fla_does(offline, chunk_size
     assert rec[4][-3] == every // kernel_chunk
 
 
+@pytest.mark.parametrize("good_kwargs, bad_kwargs, message", [
+    (dict(chunk_size=16), dict(chunk_size=16.0), "chunk_size must be one of .*got 16.0"),
+    (dict(chunk_size=32), dict(chunk_size=32.0), "chunk_size must be one of .*got 32.0"),
+    (dict(checkpoint_every=64), dict(checkpoint_every=64.0), "checkpoint_every must be an int"),
+])
+def test_a_bad_setting_equal_to_a_prepared_good_one_still_raises(offline, good_kwargs, bad_kwargs, message):
+    """Settings are resolved when a call is prepared: a later call whose bad value compares equal
+    to the good one (16.0 == 16) must not find that prepared call."""
+    a = good(B=2, T=100, H=2, K=64)
+    x = (a["q"], a["k"], a["v"], a["g"], a["beta"])
+    pykda.chunk_kda(*x, **dict(call_kwargs(a), **good_kwargs), return_intermediate_states=True)
+    launched = len(offline)
+    with pytest.raises(ValueError, match=message):
+        pykda.chunk_kda(*x, **dict(call_kwargs(a), **bad_kwargs), return_intermediate_states=True)
+    assert len(offline) == launched
+
+
 @pytest.mark.parametrize("bad", [16.0, True, "16"])
 def test_chunk_size_must_be_an_int(offline, bad):
     """(a float equal to 16 would reach the templates as 16.0)"""

@@ -546,11 +546,11 @@ def kernel_chunk(chunk_size) -> tuple[int, int]:
             chunk_size if chunk_size in FLA_CHUNKS else FLA_CHUNKS[-1])
 
 
-def checkpoint_tokens(chunk_size, checkpoints: bool, checkpoint_every) -> tuple[int, int]:
+def checkpoint_tokens(chunk_size, wants_checkpoints: bool, checkpoint_every) -> tuple[int, int]:
     """The kernels' chunk (`kernel_chunk`) and the tokens between checkpoints: 0 without
-    `checkpoints`, else `checkpoint_every` (None: fla's spacing for `chunk_size`), a positive int."""
+    `wants_checkpoints`, else `checkpoint_every` (None: fla's spacing for `chunk_size`), a positive int."""
     chunk, default_every = kernel_chunk(chunk_size)
-    if not checkpoints:
+    if not wants_checkpoints:
         if checkpoint_every is not None:
             raise ValueError("checkpoint_every is given without return_intermediate_states or intermediate_states")
         return chunk, 0
@@ -644,12 +644,13 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
             longest = longest_chunks(cu_seqlens_cpu, chunk)
     arrays = CallArrays((q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state,
                          cu_seqlens, out, final_state, intermediate_states), ARGUMENTS, REQUIRED)
-    # as given: chunk_size and the checkpoints are resolved (and checked) when the call is prepared
+    # as given: chunk_size and the checkpoints are resolved (and checked) when the call is prepared;
+    # their types are keyed too, so that a bad 16.0 never finds the call prepared for 16
     settings = (scale, (use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
                         safe_gate, lower_bound),   # KdaFlags' fields
                 state_v_first, chunk_size, warps, stages, segment_chunks, longest, output_final_state,
                 bool(return_intermediate_states) or intermediate_states is not None, checkpoint_every)
-    call = PREPARED.get((arrays.key, settings), arrays, settings)
+    call = PREPARED.get((arrays.key, settings, type(chunk_size), type(checkpoint_every)), arrays, settings)
     o, fs, ckpt = _run(call, arrays, q, stream, out, initial_state, final_state,
                        checkpoints=(intermediate_states, cu_seqlens_cpu))
     return (o, fs, ckpt) if return_intermediate_states else (o, fs)
@@ -735,5 +736,5 @@ def chunk_kda_slice(q, k, v, g, beta, start_of, scale: float | None = None, outp
     settings = (scale, (use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
                         safe_gate, lower_bound),
                 state_v_first, chunk_size, warps, stages, segment_chunks, None, output_final_state, False, None, True)
-    call = PREPARED.get((arrays.key, settings), arrays, settings)
+    call = PREPARED.get((arrays.key, settings, type(chunk_size)), arrays, settings)
     return _run(call, arrays, q, stream, out, None, final_state, start_of)[:2]
