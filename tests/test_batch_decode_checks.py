@@ -271,3 +271,18 @@ def test_decode_family_registers_batch_shapes():
     for B, S in ((64, 4096), (256, 1024), (8, 32768)):
         p = DecodeProblem(S, 32, 8, 128, "bfloat16", B)
         assert decode.decode_spec(p, plan_decode(p, **H200), "sm_90a") in specs
+
+
+@pytest.mark.parametrize("good_kwargs, bad_kwargs, message", [
+    (dict(chunk_size=128), dict(chunk_size=128.0), "chunk_size must be a positive multiple of 64 .*got 128.0"),
+    (dict(stages=3), dict(stages=3.0), r"stages must be in 2..8; got 3.0 \(an int is needed\)"),
+])
+def test_a_bad_setting_equal_to_a_prepared_good_one_still_raises(offline, good_kwargs, bad_kwargs, message):
+    """Settings are checked when a call is prepared: a later call whose bad value compares equal
+    to the good one (128.0 == 128) must not find that prepared call."""
+    q, k, v = good()
+    pykda.batch_decode_with_padded_kv_cache(q, k, v, **good_kwargs)
+    launched = len(offline["launches"])
+    with pytest.raises(ValueError, match=message):
+        pykda.batch_decode_with_padded_kv_cache(q, k, v, **bad_kwargs)
+    assert len(offline["launches"]) == launched

@@ -148,7 +148,7 @@ def test_plan_chunk_override_and_its_check():
     assert plan_decode(p64, chunk_size=1024, **H200).block_n == 128
     with pytest.raises(ValueError, match="multiple of 128 .*head_dim 64"):
         plan_decode(p64, chunk_size=64, **H200)
-    plan_decode.cache_clear()   # (the cache takes 512.0 and True for the ints they equal: the plans of those)
+    assert plan_decode(p, chunk_size=512, **H200).n_chunks == 16   # (cached before the values equal to it)
     for not_an_int in (512.0, "512", True):   # (would reach the template and the grid)
         with pytest.raises(ValueError, match=f"chunk_size must be a positive multiple of 64 .*got {not_an_int!r}"):
             plan_decode(p, chunk_size=not_an_int, **H200)

@@ -1003,6 +1003,9 @@ def test_fla_s_chunk_sizes_space_the_checkpoints_as_fla_does(offline, chunk_size
     (dict(chunk_size=16), dict(chunk_size=16.0), "chunk_size must be one of .*got 16.0"),
     (dict(chunk_size=32), dict(chunk_size=32.0), "chunk_size must be one of .*got 32.0"),
     (dict(checkpoint_every=64), dict(checkpoint_every=64.0), "checkpoint_every must be an int"),
+    (dict(warps=2), dict(warps=2.0), "warps must be 1, 2, 4 or 8 .*got 2.0"),
+    (dict(stages=3), dict(stages=3.0), r"stages must be in 2..8; got 3.0 \(an int is needed\)"),
+    (dict(segment_chunks=0), dict(segment_chunks=False), "segment_chunks must be a non-negative int .*got False"),
 ])
 def test_a_bad_setting_equal_to_a_prepared_good_one_still_raises(offline, good_kwargs, bad_kwargs, message):
     """Settings are resolved when a call is prepared: a later call whose bad value compares equal

@@ -305,7 +305,6 @@ def test_k_first_tiles_are_whole_states(state, dim, rpt, per_sm, tokens):
     assert plan_kda_decode(p, 132, 233472, rpt=rpt) == plan
     with pytest.raises(ValueError, match=rf"whole-state tiles: rows_per_thread must be None or {rpt}"):
         plan_kda_decode(p, 132, 233472, rpt=rpt // 2)
-    plan_kda_decode.cache_clear()   # (the cache takes a float for the int it equals: the plan of that)
     with pytest.raises(ValueError, match=rf"rows_per_thread must be None or {rpt}"):
         plan_kda_decode(p, 132, 233472, rpt=float(rpt))   # (a float would reach the template and the grid)
 
@@ -313,7 +312,7 @@ def test_k_first_tiles_are_whole_states(state, dim, rpt, per_sm, tokens):
 @pytest.mark.parametrize("rpt", [4.0, "4", True])
 def test_rows_per_thread_must_be_an_int(rpt):
     p = problem(64, 32, 128, 1, "float32")
-    plan_kda_decode.cache_clear()
+    plan_kda_decode(p, 132, 233472, rpt=4)   # (the plan of the int a bad value equals is cached first)
     with pytest.raises(ValueError, match=f"rows_per_thread must be 1, 2, 4 or 8 .*got {rpt!r}"):
         plan_kda_decode(p, 132, 233472, rpt=rpt)
     assert plan_kda_decode(p, 132, 233472, rpt=np.int32(4)).rpt == 4
@@ -440,3 +439,13 @@ def test_disable_state_update_alone_reads_the_pool_only(fake_launch):
           out=arr((4, 1, 8, 128), ptr=BASE * 2))
     ((p, launch_args, _),) = fake_launch
     assert p.verify_steps == 0 and launch_args[22:] == (0,) * 10
+
+
+def test_a_bad_setting_equal_to_a_prepared_good_one_still_raises(fake_launch):
+    """Settings are checked when a call is prepared: a later call whose bad 3.0 compares equal to
+    the good 3 must not find that prepared call."""
+    a, out = args(), arr((4, 1, 8, 128), ptr=BASE * 2)
+    _call(a, **SAFE_GATE_FLAGS._asdict(), state_v_first=True, out=out, stream=7, stages=3)
+    with pytest.raises(ValueError, match=r"stages must be in 2..8; got 3.0 \(an int is needed\)"):
+        _call(a, **SAFE_GATE_FLAGS._asdict(), state_v_first=True, out=out, stream=7, stages=3.0)
+    assert len(fake_launch) == 1

@@ -100,6 +100,13 @@ def check_lower_bound(lower_bound) -> float:
     return lb
 
 
+def prepared_key(arrays_key, settings: tuple, numbers: tuple) -> tuple:
+    """A prepared call's key: its arrays' key, its settings as given, and the types of those of
+    them that are numbers. Settings are checked only when a call is prepared, so a bad 4.0 or
+    True must not find the call prepared for the 4 or 1 it compares equal to."""
+    return arrays_key, settings, tuple(map(type, numbers))
+
+
 class Memo:
     """Results of `make` by key. The last call's key and result are kept apart: a repeat of
     the last call (the decode loop) compares keys without hashing them. A call that raises

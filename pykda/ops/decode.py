@@ -21,7 +21,7 @@ from .. import runtime
 from ..runtime.arrays import CallArrays, DeviceArray, contiguous_strides
 from .bound import bound_launch
 from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim,
-                     check_same_device, check_shape, check_stages, is_int, Memo, resolve_scale)
+                     check_same_device, check_shape, check_stages, is_int, Memo, prepared_key, resolve_scale)
 
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("bfloat16", "float16")
@@ -111,7 +111,7 @@ def chunk_tile_counts(kv_len: int, block_n: int) -> Iterator[int]:
         t = -(-n_tiles // (n_chunks - 1))
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=1024, typed=True)   # (a bad 128.0 must not find the plan of 128)
 def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: int | None = None,
                 stages: int | None = None) -> DecodePlan:
     """Choose the chunk size so that every SM has work and the last wave is full.
@@ -418,7 +418,7 @@ def flash_decode(q, k, v, *, batched: bool, kv_layout: str = "NHD", kv_lens=None
     chunks of each query row."""
     arrays = CallArrays((q, k, v, out, kv_lens), ARGUMENTS, REQUIRED)
     settings = (batched, kv_layout, scale, chunk_size, stages)
-    call = PREPARED.get((arrays.key, settings), arrays, settings)
+    call = PREPARED.get(prepared_key(arrays.key, settings, (chunk_size, stages)), arrays, settings)
     return launch(call, arrays, stream, out, return_lse, arrays.ptrs[4])
 
 

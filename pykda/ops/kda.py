@@ -44,7 +44,8 @@ from .. import runtime
 from ..runtime.arrays import CallArrays, DeviceArray, as_device_array, contiguous_strides
 from .bound import bound_launch
 from .checks import (Memo, check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim,
-                     check_rows_contiguous, check_same_device, check_shape, check_stages, is_int, resolve_scale)
+                     check_rows_contiguous, check_same_device, check_shape, check_stages, is_int, prepared_key,
+                     resolve_scale)
 from .kda_variant import KdaFlags, KdaVariant, resolve_state_v_first, resolve_variant
 
 HEAD_DIMS = (64, 128)
@@ -644,13 +645,13 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
             longest = longest_chunks(cu_seqlens_cpu, chunk)
     arrays = CallArrays((q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, has_initial_state,
                          cu_seqlens, out, final_state, intermediate_states), ARGUMENTS, REQUIRED)
-    # as given: chunk_size and the checkpoints are resolved (and checked) when the call is prepared;
-    # their types are keyed too, so that a bad 16.0 never finds the call prepared for 16
+    # as given: chunk_size and the checkpoints are resolved (and checked) when the call is prepared
     settings = (scale, (use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
                         safe_gate, lower_bound),   # KdaFlags' fields
                 state_v_first, chunk_size, warps, stages, segment_chunks, longest, output_final_state,
                 bool(return_intermediate_states) or intermediate_states is not None, checkpoint_every)
-    call = PREPARED.get((arrays.key, settings, type(chunk_size), type(checkpoint_every)), arrays, settings)
+    numbers = (chunk_size, warps, stages, segment_chunks, checkpoint_every)
+    call = PREPARED.get(prepared_key(arrays.key, settings, numbers), arrays, settings)
     o, fs, ckpt = _run(call, arrays, q, stream, out, initial_state, final_state,
                        checkpoints=(intermediate_states, cu_seqlens_cpu))
     return (o, fs, ckpt) if return_intermediate_states else (o, fs)
@@ -736,5 +737,6 @@ def chunk_kda_slice(q, k, v, g, beta, start_of, scale: float | None = None, outp
     settings = (scale, (use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
                         safe_gate, lower_bound),
                 state_v_first, chunk_size, warps, stages, segment_chunks, None, output_final_state, False, None, True)
-    call = PREPARED.get((arrays.key, settings, type(chunk_size)), arrays, settings)
+    numbers = (chunk_size, warps, stages, segment_chunks)
+    call = PREPARED.get(prepared_key(arrays.key, settings, numbers), arrays, settings)
     return _run(call, arrays, q, stream, out, None, final_state, start_of)[:2]

@@ -18,7 +18,8 @@ from .bound import bound_launch
 from .kda import check_kda_inputs
 from .kda_variant import KdaFlags, KdaVariant, resolve_state_v_first, resolve_variant
 from .checks import (check_aligned, check_contiguous, check_dtype, check_inner_contiguous, check_ndim,
-                     check_rows_contiguous, check_same_device, check_shape, check_stages, is_int, Memo, resolve_scale)
+                     check_rows_contiguous, check_same_device, check_shape, check_stages, is_int, Memo,
+                     prepared_key, resolve_scale)
 
 STATE_CTYPES = {"float32": "float", "bfloat16": "bf16_t"}
 INDEX_CTYPES = {"int32": "int", "int64": "long long"}
@@ -134,7 +135,7 @@ def default_stages(p: KdaDecodeProblem, rpt: int, smem_per_sm: int) -> int:
     return max(2, min(RING_STAGES, per_cta // stage_bytes(p, rpt)))
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=256, typed=True)   # (a bad 2.0 must not find the plan of 2)
 def plan_kda_decode(p: KdaDecodeProblem, sm_count: int, smem_per_sm: int, rpt: int | None = None,
                     stages: int | None = None) -> KdaDecodePlan:
     """The largest tiles (more rows per thread, fewer tiles in each CTA's chain) that still
@@ -433,7 +434,7 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
     settings = (scale, (use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
                         safe_gate, lower_bound), state_v_first, rows_per_thread, stages,   # flags: KdaFlags' fields
                 bool(disable_state_update))
-    call = PREPARED.get((arrays.key, settings), arrays, settings)
+    call = PREPARED.get(prepared_key(arrays.key, settings, (rows_per_thread, stages)), arrays, settings)
     if check_indices and state_indices is not None:
         import cupy
         check_state_indices(cupy.asnumpy(cupy.from_dlpack(state_indices)), call.problem.pool_rows)
