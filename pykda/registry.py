@@ -22,7 +22,7 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
     for page in (0,) + PAGE_SIZES:
         for d in HEAD_DIMS:
             for dt in DTYPES:
-                for s in (1, 131073):   # one chunk; split
+                for s in (1, 65, 131073):   # one chunk of one short tile, of one tile; split
                     p = DecodeProblem(s, 32, 8, d, dt)
                     yield decode_spec(p, plan_decode(p, H200_SMS, H200_SMEM_PER_SM), arch, page)
 

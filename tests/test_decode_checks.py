@@ -148,6 +148,9 @@ def test_plan_chunk_override_and_its_check():
     assert plan_decode(p64, chunk_size=1024, **H200).block_n == 128
     with pytest.raises(ValueError, match="multiple of 128 .*head_dim 64"):
         plan_decode(p64, chunk_size=64, **H200)
+    short = DecodeProblem(64, 32, 8, 64, "bfloat16")   # a sequence within 64 rows: 64-row tiles, any head dim
+    assert plan_decode(short, **H200).block_n == 64 and plan_decode(short, chunk_size=64, **H200).n_chunks == 1
+    assert plan_decode(DecodeProblem(65, 32, 8, 64, "bfloat16"), **H200).block_n == 128
     assert plan_decode(p, chunk_size=512, **H200).n_chunks == 16   # (cached before the values equal to it)
     for not_an_int in (512.0, "512", True):   # (would reach the template and the grid)
         with pytest.raises(ValueError, match=f"chunk_size must be a positive multiple of 64 .*got {not_an_int!r}"):
@@ -156,7 +159,7 @@ def test_plan_chunk_override_and_its_check():
 
 
 def _waves(p, plan, sm_count=132, smem_per_sm=233472):
-    slots = sm_count * decode.ctas_per_sm(p.head_dim, plan.stages, smem_per_sm)
+    slots = sm_count * decode.ctas_per_sm(p.head_dim, plan.block_n, plan.stages, smem_per_sm)
     return -(-(plan.n_chunks * p.batch * p.kv_heads * plan.head_blocks) // slots)
 
 
@@ -190,9 +193,9 @@ def _every_tile_count(p, sm_count=132, smem_per_sm=233472):
     least cost's smallest tile count. A sequence has ceil(kv_len / chunk) chunks (the last the
     remainder, never more than a chunk), so each wave costs a whole chunk: waves x (tiles + 1.5),
     plus the merge when split."""
-    bn, stages = TILE_ROWS[p.head_dim], decode.DEFAULT_STAGES[p.head_dim]
+    bn, stages = decode.tile_rows(p.head_dim, p.kv_len), decode.DEFAULT_STAGES[p.head_dim]
     n_tiles, units = -(-p.kv_len // bn), p.batch * p.kv_heads * p.head_blocks
-    slots = sm_count * decode.ctas_per_sm(p.head_dim, stages, smem_per_sm)
+    slots = sm_count * decode.ctas_per_sm(p.head_dim, bn, stages, smem_per_sm)
     best = None
     for tiles in range(1, n_tiles + 1):
         n_chunks = -(-p.kv_len // (tiles * bn))
