@@ -274,10 +274,14 @@ def test_scalar_options_are_checked_by_name():
 # ---- the decode bench's shape option ----
 def test_bench_shapes_parse_single_and_batched_cases():
     from pykda.bench.decode import parse_shapes
-    assert parse_shapes("32/8:100000, 8x32/8:32768") == [(1, 32, 8, 100000, False, 128), (8, 32, 8, 32768, True, 128)]
-    assert parse_shapes("16/16:100003:64,2x64/4:99999:256") == [(1, 16, 16, 100003, False, 64), (2, 64, 4, 99999, True, 256)]
-    with pytest.raises(ValueError, match="--shapes: '32:8' is not"):
-        parse_shapes("32/32:8192,32:8")
+    assert parse_shapes("32/8:100000, 8x32/8:32768") == [(1, 32, 8, 100000, False, 128, False),
+                                                          (8, 32, 8, 32768, True, 128, False)]
+    assert parse_shapes("16/16:100003:64,2x64/4:99999:256") == [(1, 16, 16, 100003, False, 64, False),
+                                                               (2, 64, 4, 99999, True, 256, False)]
+    assert parse_shapes("32x32/8:8192~:64,4x8/1:100~") == [(32, 32, 8, 8192, True, 64, True), (4, 8, 1, 100, True, 128, True)]
+    for bad in ("32:8", "32/8:100~"):   # (one sequence has no uneven lengths)
+        with pytest.raises(ValueError, match=f"--shapes: '{bad}' is not"):
+            parse_shapes(f"32/32:8192,{bad}")
 
 
 def test_paged_bench_shapes_take_head_dim_128_and_whole_pages():
@@ -287,3 +291,5 @@ def test_paged_bench_shapes_take_head_dim_128_and_whole_pages():
         _cases(False, "8x32/8:32768:64")
     with pytest.raises(ValueError, match="every KV_LEN must be a multiple of 128"):
         _cases(False, "8x32/8:1000")
+    with pytest.raises(ValueError, match=r"no uneven lengths \(S~\)"):
+        _cases(False, "8x32/8:1024~")

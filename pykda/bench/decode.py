@@ -46,16 +46,17 @@ GRID_COPY_BYTES = 64 << 20   # rows with at least this much KV are also timed ag
 
 
 def parse_shapes(text: str):
-    """`HQ/HKV:S` (one sequence) or `BxHQ/HKV:S` (a padded batch), each with an optional `:D` (head
-    dim, default 128), comma separated: (batch, Hq, Hkv, S, batched?, D) rows."""
+    """`HQ/HKV:S` (one sequence) or `BxHQ/HKV:S` (a padded batch; `S~`: uneven lengths up to S, as
+    the grid's), each with an optional `:D` (head dim, default 128), comma separated: (batch, Hq,
+    Hkv, S, batched?, D, uneven?) rows."""
     rows = []
     for item in text.split(","):
-        m = re.fullmatch(r"(?:(\d+)x)?(\d+)/(\d+):(\d+)(?::(\d+))?", item.strip())
-        if m is None:
-            raise ValueError(f"--shapes: {item!r} is not HQ/HKV:S[:D] or BxHQ/HKV:S[:D] (e.g. 32/8:100000, "
-                             f"8x32/8:32768, 16/16:100003:64)")
-        b, hq, hkv, s, d = (int(g) if g else None for g in m.groups())
-        rows.append((b or 1, hq, hkv, s, b is not None, d or D))
+        m = re.fullmatch(r"(?:(\d+)x)?(\d+)/(\d+):(\d+)(~?)(?::(\d+))?", item.strip())
+        if m is None or (m.group(5) and m.group(1) is None):
+            raise ValueError(f"--shapes: {item!r} is not HQ/HKV:S[:D] or BxHQ/HKV:S[~][:D] (e.g. 32/8:100000, "
+                             f"8x32/8:32768, 16/16:100003:64, 32x32/8:8192~:64)")
+        b, hq, hkv, s, uneven, d = m.groups()
+        rows.append((int(b or 1), int(hq), int(hkv), int(s), b is not None, int(d or D), bool(uneven)))
     return rows
 
 
@@ -65,7 +66,7 @@ def _cases(quick: bool, shapes: str | None = None, grid: bool = False):
     if grid:
         return [(b, hq, hkv, s, b > 1, d, uneven) for b, hq, hkv, d, s, uneven in GRID]
     if shapes:
-        return [(*row, False) for row in parse_shapes(shapes)]
+        return parse_shapes(shapes)
     single, batch = (QUICK, QUICK_BATCH) if quick else (SHAPES, BATCH_SHAPES)
     return [(1, hq, hkv, s, False, D, False) for hq, hkv, s in single] + \
         [(b, hq, hkv, s, True, D, False) for b, hq, hkv, s in batch]

@@ -23,9 +23,11 @@ def _cases(quick: bool, shapes: str | None):
     if not shapes:
         return QUICK_BATCH if quick else BATCH_SHAPES
     parsed = parse_shapes(shapes)
-    if any(d != D for *_, d in parsed):
+    if any(d != D for *_, d, _ in parsed):
         raise ValueError(f"paged-decode --shapes: head dim {D} only")
-    rows = [(b, hq, hkv, s) for b, hq, hkv, s, _, _ in parsed]
+    if any(uneven for *_, uneven in parsed):
+        raise ValueError("paged-decode --shapes: no uneven lengths (S~)")
+    rows = [(b, hq, hkv, s) for b, hq, hkv, s, *_ in parsed]
     if any(s % max(PAGE_SIZES) for *_, s in rows):
         raise ValueError(f"paged-decode --shapes: every KV_LEN must be a multiple of {max(PAGE_SIZES)}")
     return rows
