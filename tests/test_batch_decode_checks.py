@@ -149,6 +149,21 @@ def _spec_params(p, chunk_size=None):
     return plan, decode.decode_spec(p, plan, "sm_90a").param_dict
 
 
+def test_lengths_on_the_device_are_planned_as_uneven(offline):
+    """With kv_lens the host does not know the lengths: the batch takes the smallest chunk within
+    UNEVEN_SLACK of the least full-length cost (shorter CTAs end a batch of uneven lengths sooner);
+    without, every sequence is kv_len rows and the least cost wins."""
+    B, S, hq, hkv, d = 64, 4096, 32, 8, 128
+    p = DecodeProblem(S, hq, hkv, d, "bfloat16", B)
+    full, uneven = plan_decode(p, **H200), plan_decode(p, **H200, uneven=True)
+    assert uneven.chunk < full.chunk   # (a shape where the two differ)
+    q, k, v = good(B, S, hq, hkv, d)
+    pykda.batch_decode_with_padded_kv_cache(q, k, v)
+    pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_lens=arr((B,), "int32", ptr=BASE * 3))
+    grids = [launch[1] for launch in offline["launches"] if launch[0] == "decode_partial"]
+    assert grids == [(full.n_chunks, hkv, B), (uneven.n_chunks, hkv, B)]
+
+
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_split_batch_is_a_partial_launch_then_a_merge(offline, layout):
     B, S, hq, hkv, d = 3, 1000, 32, 8, 128
@@ -166,11 +181,13 @@ def test_split_batch_is_a_partial_launch_then_a_merge(offline, layout):
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", params)
     assert lens.ptr in args and BASE * 4 in args
     _, grid, block, smem, merge_args, _ = offline["launches"][1]
-    assert grid == (B * hq, d // 32, 1) and block == (256, 1, 1) and smem == 0   # a CTA per query row and 32 columns
+    # 8 chunks: two warps per query row and 32 columns (8 chunk lanes), so four rows a CTA
+    assert plan.merge_warps == 2
+    assert grid == (B * hq // 4, d // 32, 1) and block == (256, 1, 1) and smem == 0
     assert [_KINDS[type(a)] for a in merge_args] == kernel_parameters("decode_merge", params)
-    ws_o, ws_lse, kv_lens, kv_len, q_heads, n_chunks, chunk, o_p, *_, lse_p = merge_args
+    ws_o, ws_lse, kv_lens, kv_len, q_heads, n_chunks, chunk, o_p, *_, lse_p, row_warps, n_rows = merge_args
     assert (ws_o, ws_lse, kv_lens) == tuple(args[11:13]) + (lens.ptr,) and (kv_len, q_heads, n_chunks, chunk) == (S, hq, 8, 128)
-    assert (o_p, lse_p) == (args[13], args[16]) and lse_p != 0
+    assert (o_p, lse_p) == (args[13], args[16]) and lse_p != 0 and (row_warps, n_rows) == (2, B * hq)
     assert len(offline["workspaces"]) == 1, "one workspace: the partials and their LSEs"
     # both maps walk (head_dim, kv_heads, kv_len, batch), whatever the layout in memory
     row, head = (hkv * d * 2, d * 2) if layout == "NHD" else (d * 2, S * d * 2)
@@ -230,9 +247,10 @@ def test_single_decode_is_a_batch_of_one(offline, layout):
     plan, params = _spec_params(DecodeProblem(S, hq, hkv, d, "bfloat16"))
     assert plan.split and name == "decode_partial" and grid == (plan.n_chunks, hkv, 1)
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", params)
-    assert merge == "decode_merge" and merge_grid == (hq, d // 32, 1)   # one sequence: a CTA per head and 32 columns
+    # one sequence of 16 heads and 20 chunks: a CTA (8 warps) per head and 32 columns
+    assert plan.n_chunks == 20 and plan.merge_warps == 8 and merge == "decode_merge" and merge_grid == (hq, d // 32, 1)
     assert [_KINDS[type(a)] for a in merge_args] == kernel_parameters("decode_merge", params)
-    assert merge_args == (*args[11:13], 0, S, hq, plan.n_chunks, plan.chunk, args[13], 0, d, 0), \
+    assert merge_args == (*args[11:13], 0, S, hq, plan.n_chunks, plan.chunk, args[13], 0, d, 0, 8, hq), \
         "no kv_lens (every row S), out without a batch stride, no LSE asked for"
     # size-1 dims (one KV head, one sequence) get a stride TMA accepts
     row = d * 2 if layout == "HND" else hkv * d * 2
@@ -262,7 +280,7 @@ def test_decode_family_registers_every_kernel_the_planner_picks():
         hkv, group, batch = (int(rng.choice(c)) for c in ((1, 2, 8, 32), (1, 4, 8, 32), (1, 3, 8, 64, 256)))
         p = DecodeProblem(int(rng.integers(1, 300000 if rng.random() < 0.8 else 70)), hkv * group, hkv, d, dt, batch)
         chunk = None if rng.random() < 0.5 else int(rng.integers(1, 64)) * decode.TILE_ROWS[d]
-        plan = plan_decode(p, **H200, chunk_size=chunk)
+        plan = plan_decode(p, **H200, chunk_size=chunk, uneven=bool(rng.random() < 0.5))
         for page in (0,) + PAGE_SIZES:
             assert decode.decode_spec(p, plan, "sm_90a", page) in specs, (p, chunk, page)
 

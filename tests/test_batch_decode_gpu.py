@@ -82,10 +82,12 @@ def test_matches_reference(S, B, layout, hq, hkv, d, dtype):
     check(o, lse, ref(q, k, v, lens), lens, dtype)
 
 
-@pytest.mark.parametrize("chunk_size", [64, 192])   # 192: 3 tiles, not a power of two
-def test_split_sequences_of_different_lengths_and_scale(chunk_size):
+@pytest.mark.parametrize("chunk_size, merge_warps", [(64, 4), (192, 2), (512, 1)])   # 192: 3 tiles, not a power of 2
+def test_split_sequences_of_different_lengths_and_scale(chunk_size, merge_warps):
     """A forced small chunk: sequences of 0, 1, 64, 65 and 1000 rows take ceil(rows / chunk) chunks,
-    1..16 each (1..6 of 192), the last the remainder (at 64, 65 rows end in a chunk of one row)."""
+    1..16 each (1..6 of 192, 1..2 of 512), the last the remainder (at 64, 65 rows end in a chunk of
+    one row); the merge gives each (query row, 32 columns) 4, 2 or 1 warps."""
+    assert decode.merge_warps(5 * 16, 128, -(-1000 // chunk_size), 132) == merge_warps
     lens = [0, 1, 64, 65, 1000]
     q, k, v = make(5, 1000, 16, 4, 128, "bfloat16", lens, seed=1)
     kv_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")

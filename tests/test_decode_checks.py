@@ -188,29 +188,27 @@ def test_plan_takes_chunks_of_any_tile_count(S, hq, hkv, d, batch, tiles, n_chun
     assert n_chunks == -(-S // (tiles * TILE_ROWS[d])) and plan.chunk == _every_tile_count(p)
 
 
-def _every_tile_count(p, sm_count=132, smem_per_sm=233472):
+def _every_tile_count(p, sm_count=132, smem_per_sm=233472, uneven=False):
     """The planner's cost priced at every tile count from 1 (up to the first of one chunk): the
-    least cost's smallest tile count. A sequence has ceil(kv_len / chunk) chunks (the last the
-    remainder, never more than a chunk), so each wave costs a whole chunk: waves x (tiles + 1.5),
-    plus the merge when split."""
+    least cost's smallest tile count (uneven lengths: the smallest within 5 % of the least). A
+    sequence has ceil(kv_len / chunk) chunks (the last the remainder, never more than a chunk), so
+    each wave costs a whole chunk: waves x (tiles + 1.5), plus the merge when split."""
     bn, stages = decode.tile_rows(p.head_dim, p.kv_len), decode.DEFAULT_STAGES[p.head_dim]
     n_tiles, units = -(-p.kv_len // bn), p.batch * p.kv_heads * p.head_blocks
     slots = sm_count * decode.ctas_per_sm(p.head_dim, bn, stages, smem_per_sm)
-    best = None
+    costs = {}
     for tiles in range(1, n_tiles + 1):
         n_chunks = -(-p.kv_len // (tiles * bn))
-        cost = -(-(n_chunks * units) // slots) * (tiles + 1.5)
-        cost += 2.0 + n_chunks / 16 if n_chunks > 1 else 0
-        if best is None or cost < best[0]:
-            best = (cost, tiles)
+        costs[tiles] = -(-(n_chunks * units) // slots) * (tiles + 1.5) + (2.0 + n_chunks / 16 if n_chunks > 1 else 0)
         if n_chunks == 1:
             break
-    return best[1] * bn
+    least = min(costs.values()) * (1.05 if uneven else 1)
+    return min(t for t, cost in costs.items() if cost <= least) * bn
 
 
 def test_plan_is_the_scan_of_every_tile_count():
     """`chunk_tile_counts` prices the first tile count of each run of one chunk count only: the
-    same pick."""
+    same pick, of full lengths and of uneven ones."""
     rng = np.random.default_rng(13)
     for _ in range(400):
         d = int(rng.choice(decode.HEAD_DIMS))
@@ -218,6 +216,7 @@ def test_plan_is_the_scan_of_every_tile_count():
         S = int(rng.integers(1, int(rng.choice((300, 20000, 400000)))))
         p = DecodeProblem(S, hkv * group, hkv, d, "bfloat16", batch)
         assert plan_decode(p, **H200).chunk == _every_tile_count(p), p
+        assert plan_decode(p, **H200, uneven=True).chunk == _every_tile_count(p, uneven=True), p
     for S in (1, 63, 64, 65, 127, 128, 129, 1000, 4096, 50000):
         assert list(decode.chunk_tile_counts(S, 64)) == sorted(set(decode.chunk_tile_counts(S, 64)))
         # exactly each t whose ceil chunk count differs from t - 1's, up to the first of one chunk

@@ -222,14 +222,16 @@ def test_max_kv_len_fixes_the_split_as_requests_grow(offline):
         dec.run(arr((3, hq, d)), *caches())
     assert len(set(layouts)) == 1 and layouts[0].max_rows == 4096
     p = decode.DecodeProblem(4096, hq, hkv, d, "bfloat16", 3)
-    plan = decode.plan_decode(p, **H200)
+    plan = decode.plan_decode(p, **H200, uneven=True)   # (a batch of requests: lengths of their own)
     spec = decode.decode_spec(p, plan, "sm_90a", 16)
     launches = offline["launches"]
     assert plan.split and [launch[0] for launch in launches] == ["decode_partial", "decode_merge"] * 3
     partials = {(launch[1], launch[4][-1], launch[5]) for launch in launches[0::2]}   # grid, chunk, kernel
     assert partials == {((plan.n_chunks, hkv, 3), plan.chunk, spec)}, "the split of 4096 rows, each time"
     merges = {(launch[1], launch[4][2:7], launch[5]) for launch in launches[1::2]}   # grid, tables to chunk, kernel
-    assert merges == {((3 * hq, d // 32, 1), (TABLES, paged_decode.MAX_ROWS, hq, plan.n_chunks, plan.chunk), spec)}, \
+    rows_per_cta = decode.MERGE_WARPS // plan.merge_warps
+    assert merges == {((-(-3 * hq // rows_per_cta), d // 32, 1), (TABLES, paged_decode.MAX_ROWS, hq, plan.n_chunks,
+                                                                  plan.chunk), spec)}, \
         "merged over the same chunks"
     assert planned([100, 0, 33], hq, hkv, d)._layout.max_rows == 100, "without it: the longest request"
     for bad in (99, 1 << 31, 100.0, True):
@@ -265,10 +267,12 @@ def test_run_is_a_partial_launch_then_a_merge_with_the_page_table(offline, page_
     page, row, head = (page_size * hkv * d, hkv * d, d) if layout == "NHD" else (hkv * page_size * d, d, page_size * d)
     assert args[21:] == (P, page, row, head, 128), "the pages' count and strides, then the chunk"
     assert merge == "decode_merge" and merge_spec == spec
-    assert (merge_grid, merge_block, merge_smem) == ((B * hq, d // 32, 1), (256, 1, 1), 0)
+    # 8 chunks: two warps per (query row, 32 columns), four rows a CTA
+    assert (merge_grid, merge_block, merge_smem) == ((B * hq // 4, d // 32, 1), (256, 1, 1), 0)
     assert [_KINDS[type(a)] for a in merge_args] == kernel_parameters("decode_merge", spec.param_dict)
-    assert merge_args == (*args[11:13], TABLES, paged_decode.MAX_ROWS, hq, 8, 128, *args[13:17]) and args[16] != 0, \
-        "the workspace, the rows per request, heads, chunks and chunk; out, its strides and the LSE"
+    assert merge_args == (*args[11:13], TABLES, paged_decode.MAX_ROWS, hq, 8, 128, *args[13:17], 2, B * hq) and \
+        args[16] != 0, "the workspace, the rows per request, heads, chunks and chunk; out, its strides and the LSE; " \
+                       "warps per row, rows"
     if page_size < 16:   # gathered: no tensor maps
         assert offline["maps"] == [] and args[3] == args[4] == bytes(128)
     else:   # (head_dim, kv_heads, page_size, num_pages) in boxes of a page's rows, at most a tile

@@ -65,6 +65,7 @@ class DecodePlan:
     head_blocks: int      # CTAs per KV head along the query heads
     heads_per_cta: int
     smem: int             # dynamic shared memory per CTA, bytes
+    merge_warps: int      # decode_merge's warps per (query row, MERGE_COLUMNS columns)
 
     @property
     def split(self) -> bool:
@@ -92,7 +93,19 @@ def ctas_per_sm(head_dim: int, block_n: int, stages: int, smem_per_sm: int) -> i
 
 MAX_CHUNK_ROWS = (1 << 31) - 1   # the kernel's chunk_rows is an int
 MERGE_THREADS = 256
-MERGE_COLUMNS = 32   # per merge CTA
+MERGE_COLUMNS = 32   # per group of a merge CTA's warps
+MERGE_WARPS = MERGE_THREADS // 32
+WARPS_PER_SM = 64
+
+
+def merge_warps(rows: int, head_dim: int, n_chunks: int, sm_count: int) -> int:
+    """decode_merge's warps per (query row, MERGE_COLUMNS columns): as many as the chunks can use
+    (four chunk lanes a warp), but no more than keep two rounds of the GPU's warps busy, so that
+    many rows of few chunks (a batch split in two) do not launch a CTA per row."""
+    w = MERGE_WARPS
+    while w > 1 and (4 * w // 2 >= n_chunks or rows * (head_dim // MERGE_COLUMNS) * w > 2 * sm_count * WARPS_PER_SM):
+        w //= 2
+    return w
 
 
 def merge_cost(n_chunks: int) -> float:
@@ -100,6 +113,9 @@ def merge_cost(n_chunks: int) -> float:
     chunk's partial (written, then read) and its own prologue. Fitted on the H200: 64/8 heads at
     KV 50000 take 57.6 µs in 30 chunks and 62.2 µs in 65, where a constant merge would pick 65."""
     return 2.0 + n_chunks / 16
+
+
+UNEVEN_SLACK = 0.05   # of the least full-length cost, spent on shorter chunks where lengths are uneven
 
 
 def chunk_tile_counts(kv_len: int, block_n: int) -> Iterator[int]:
@@ -120,7 +136,7 @@ def chunk_tile_counts(kv_len: int, block_n: int) -> Iterator[int]:
 
 @functools.lru_cache(maxsize=1024, typed=True)   # (a bad 128.0 must not find the plan of 128)
 def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: int | None = None,
-                stages: int | None = None) -> DecodePlan:
+                stages: int | None = None, uneven: bool = False) -> DecodePlan:
     """Choose the chunk size so that every SM has work and the last wave is full.
 
     Candidate chunks are any whole number of tiles, from one tile to the first count that makes
@@ -130,6 +146,9 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
     longer requests gives the rest to the last chunk). Cost, in tile times: waves x (tiles
     per chunk + a tile and a half of prologue/epilogue) + `merge_cost` when split; the least
     cost's smallest chunk wins (`chunk_tile_counts` prices only the tile counts where it can be).
+    `uneven`: the sequences' lengths are not known here (kv_lens on the device, pages): the cost
+    is of full lengths still, but the smallest chunk within UNEVEN_SLACK of the least wins, as
+    shorter CTAs end a batch of uneven lengths sooner (its longest sequences' CTAs are its tail).
     """
     stages = stages or DEFAULT_STAGES[p.head_dim]
     heads_per_cta = min(p.group, MAX_HEADS_PER_CTA)
@@ -144,21 +163,17 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
         tiles = chunk_size // block_n
     else:
         slots = sm_count * ctas_per_sm(p.head_dim, block_n, stages, smem_per_sm)
-        best = None
+        costs = []   # (cost, tiles), tiles increasing
         for tiles in chunk_tile_counts(p.kv_len, block_n):
             n_chunks = -(-n_tiles // tiles)
             waves = -(-(n_chunks * units) // slots)
-            cost = waves * (tiles + 1.5)
-            if n_chunks > 1:
-                cost += merge_cost(n_chunks)
-            if best is None or cost < best[0]:
-                best = (cost, tiles)
-            if n_chunks == 1:
-                break
-        tiles = best[1]
+            costs.append((waves * (tiles + 1.5) + (merge_cost(n_chunks) if n_chunks > 1 else 0.0), tiles))
+        least = min(costs)[0] * (1 + UNEVEN_SLACK if uneven else 1)
+        tiles = next(t for cost, t in costs if cost <= least)
     n_chunks = -(-n_tiles // tiles)
     return DecodePlan(chunk=tiles * block_n, block_n=block_n, stages=stages, n_chunks=n_chunks, head_blocks=head_blocks,
-                      heads_per_cta=heads_per_cta, smem=smem_bytes(p.head_dim, block_n, stages))
+                      heads_per_cta=heads_per_cta, smem=smem_bytes(p.head_dim, block_n, stages),
+                      merge_warps=merge_warps(p.batch * p.q_heads, p.head_dim, n_chunks, sm_count))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -262,8 +277,9 @@ KERNEL_SIGNATURE = (int, np.int64, np.int64, 128, 128, int, np.int32, np.int32, 
                     int, int, int, np.int64, np.int64, int, int, int, int, int, np.int32, np.int64, np.int64,
                     np.int64, np.int32)
 # decode_merge's: the workspace (partial o, partial lse), kv_lens, kv_len, query heads, the
-# partial grid's chunks, the chunk, out and its strides, lse
-MERGE_SIGNATURE = (int, int, int, np.int32, np.int32, np.int32, np.int32, int, np.int64, np.int64, int)
+# partial grid's chunks, the chunk, out and its strides, lse, warps per row, rows (B · query heads)
+MERGE_SIGNATURE = (int, int, int, np.int32, np.int32, np.int32, np.int32, int, np.int64, np.int64, int, np.int32,
+                   np.int64)
 # what a call gives its launches anew (runtime.CallValues), in this order (the kernels' names); all
 # else is the prepared call's
 CALL_VALUES = ("q", "k_map", "v_map", "kv_lens", "ws_o", "ws_lse", "out", "lse", "kv_indptr", "kv_indices",
@@ -272,12 +288,12 @@ CALL_SIGNATURE = (int, 128, 128) + (int,) * 9
 PER_CALL = {name: runtime.PerCall(i) for i, name in enumerate(CALL_VALUES)}
 
 
-def plan_for(p: DecodeProblem, device: int, chunk_size: int | None, stages: int | None, page_size: int = 0
-             ) -> tuple[DecodePlan, runtime.KernelSpec]:
-    """The plan of `p` on `device` (its shared memory within the device's) and the spec of its
-    kernel (paged with `page_size` > 0)."""
+def plan_for(p: DecodeProblem, device: int, chunk_size: int | None, stages: int | None, page_size: int = 0,
+             uneven: bool = False) -> tuple[DecodePlan, runtime.KernelSpec]:
+    """The plan of `p` on `device` (its shared memory within the device's; `uneven`: lengths not
+    known here) and the spec of its kernel (paged with `page_size` > 0)."""
     dev = runtime.device_info(device)
-    plan = plan_decode(p, dev.sm_count, dev.smem_per_sm, chunk_size, stages)
+    plan = plan_decode(p, dev.sm_count, dev.smem_per_sm, chunk_size, stages, uneven)
     if plan.smem > dev.smem_per_block_optin:
         raise ValueError(f"stages={plan.stages} needs {plan.smem} bytes of shared memory per block; "
                          f"the device allows {dev.smem_per_block_optin}")
@@ -354,10 +370,12 @@ def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q:
                              (plan.n_chunks, p.kv_heads, p.batch * plan.head_blocks), (WARPS + 1) * 32, plan.smem),)
     if plan.split:
         i32 = np.int32
+        n_rows, rows_per_cta = p.batch * p.q_heads, MERGE_WARPS // plan.merge_warps
         merge_args = (at["ws_o"], at["ws_lse"], at["kv_lens"], i32(max_rows), i32(p.q_heads), i32(plan.n_chunks),
-                      i32(plan.chunk), at["out"], *row_strides(out_strides, batched), at["lse"])
+                      i32(plan.chunk), at["out"], *row_strides(out_strides, batched), at["lse"],
+                      i32(plan.merge_warps), np.int64(n_rows))
         launches += (bound_launch(spec, q.device, values, "decode_merge", MERGE_SIGNATURE, merge_args,
-                                  (p.batch * p.q_heads, p.head_dim // MERGE_COLUMNS, 1), MERGE_THREADS, 0),)
+                                  (-(-n_rows // rows_per_cta), p.head_dim // MERGE_COLUMNS, 1), MERGE_THREADS, 0),)
     return DecodeCall(p, plan, values, launches, k_maps, v_maps, rows, *workspace_layout(p, plan))
 
 
@@ -369,7 +387,7 @@ def prepare_decode(q, k, v, out, kv_lens, batched, kv_layout, scale, chunk_size,
     scale = resolve_scale(scale, p.head_dim)
     check_stages(stages)
     runtime.require_gpu()
-    plan, spec = plan_for(p, q.device, chunk_size, stages)
+    plan, spec = plan_for(p, q.device, chunk_size, stages, uneven=kv_lens is not None and p.batch > 1)
     k_maps = kv_tensor_maps(k, "k", batched, kv_layout, plan.block_n)
     v_maps = kv_tensor_maps(v, "v", batched, kv_layout, plan.block_n)
     k_maps(k.ptr)   # the geometries checked (TensorMapError names k or v) before any launch
