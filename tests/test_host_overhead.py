@@ -347,9 +347,9 @@ def _workspace(call: decode.DecodeCall, scratch: list) -> list:
     return [ptr, ptr + call.lse_offset]
 
 
-def _merge_geometry(batch: int, q_heads: int) -> tuple:
-    """decode_merge's (grid, block, smem, stream): a CTA per query row and 32 columns."""
-    return (batch * q_heads, D // 32, 1), (256, 1, 1), 0, 0
+def _merge_geometry(batch: int, q_heads: int, row_warps: int) -> tuple:
+    """decode_merge's (grid, block, smem, stream): 8 warps a CTA, `row_warps` per (query row, 32 columns)."""
+    return (-(-batch * q_heads // (8 // row_warps)), D // 32, 1), (256, 1, 1), 0, 0
 
 
 def test_stubbed_single_decode_reads_the_call_values():
@@ -380,8 +380,8 @@ def test_stubbed_single_decode_reads_the_call_values():
         assert params[6:11] == [S, hq // hkv, hq // hkv, 1, float(np.float32(D ** -0.5))]
         assert params[11:14] == ws + [o.data_ptr()]
         assert params[14:] == [0, D, lse.data_ptr(), 0, 0, k.data_ptr(), v.data_ptr(), 0, 0, 0, 0, chunk]
-        assert merge_geometry == _merge_geometry(1, hq)
-        assert merge == ws + [0, S, hq, n_chunks, chunk, o.data_ptr(), 0, D, lse.data_ptr()]
+        assert call.plan.merge_warps == 8 and merge_geometry == _merge_geometry(1, hq, 8)   # 32 chunks: a CTA a row
+        assert merge == ws + [0, S, hq, n_chunks, chunk, o.data_ptr(), 0, D, lse.data_ptr(), 8, hq]
 
 
 def test_stubbed_padded_batch_decode_reads_the_call_values():
@@ -455,8 +455,9 @@ def test_stubbed_paged_run_reads_the_call_values(page_size):
         assert params[14:21] == [hq * D, D, lse.data_ptr(), tables + 4 * len(lens), indices.data_ptr(), k.data_ptr(),
                                  v.data_ptr()]
         assert params[21:] == [num_pages, *k.stride()[:3], 64]   # the pages' count and strides, then the chunk
-        assert merge_geometry == _merge_geometry(len(lens), hq)
-        assert merge == ws + [tables, paged_decode.MAX_ROWS, hq, 5, 64, o.data_ptr(), hq * D, D, lse.data_ptr()]
+        assert call.plan.merge_warps == 2 and merge_geometry == _merge_geometry(len(lens), hq, 2)   # 5 chunks
+        assert merge == ws + [tables, paged_decode.MAX_ROWS, hq, 5, 64, o.data_ptr(), hq * D, D, lse.data_ptr(), 2,
+                              len(lens) * hq]
     assert gpu.scratch == []   # one block per split call, each checked
 
 
