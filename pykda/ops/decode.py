@@ -428,9 +428,10 @@ def batch_decode_with_padded_kv_cache(q, k, v, *, kv_layout: str = "NHD", kv_len
     [batch, num_kv_heads, kv_len, head_dim] ("HND"), strided views allowed where TMA can express
     them. `kv_lens` [batch] int32 on the device (each <= kv_len; read by the kernel, never by the
     host) gives each sequence's length; rows past it are never used (they may hold anything), and
-    a length of 0 gives zeros and an LSE of -inf. Returns o [batch, num_qo_heads, head_dim], and
-    with `return_lse` also the natural-log LSE [batch, num_qo_heads] fp32. Other arguments as in
-    `single_decode_with_kv_cache`.
+    a length of 0 gives zeros and an LSE of -inf; the planner then assumes uneven lengths (shorter
+    chunks, a few % slower if every sequence is in fact kv_len long). Returns o [batch,
+    num_qo_heads, head_dim], and with `return_lse` also the natural-log LSE [batch, num_qo_heads]
+    fp32. Other arguments as in `single_decode_with_kv_cache`.
     """
     return flash_decode(q, k, v, batched=True, kv_layout=kv_layout, kv_lens=kv_lens, scale=scale, out=out,
                         return_lse=return_lse, stream=stream, chunk_size=chunk_size, stages=stages)
