@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dry-run", action="store_true", help="print each tool's command line and exit")
     b = sub.add_parser("bench", help="benchmarks against peers on the GPU")
     b.add_argument("op", choices=["decode", "kda", "kda-decode", "paged-decode"])
-    b.add_argument("--chunk-size", default=None, help="decode: comma list of chunk sizes to sweep")
+    b.add_argument("--chunk-size", default=None, help="decode: comma list of KV rows per chunk to sweep; kda: of the kernels' CHUNK (16, 32)")
     b.add_argument("--rows-per-thread", default=None,
                    help="kda-decode: comma list of state rows per lane group (1, 2, 4, 8) to sweep")
     b.add_argument("--stages", default=None, help="decode, kda, kda-decode: comma list of pipeline depths to sweep")

@@ -339,8 +339,8 @@ def fake_chunk_kda(calls):
     def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                   use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
                   allow_neg_eigval=False, safe_gate=False, lower_bound=None, state_v_first=False, cu_seqlens=None,
-                  cu_seqlens_cpu=None, *, A_log=None, dt_bias=None, state_indices=None, final_state=None, warps=None,
-                  stages=None, segment_chunks=None):
+                  cu_seqlens_cpu=None, *, A_log=None, dt_bias=None, state_indices=None, final_state=None, chunk_size=None,
+                  warps=None, stages=None, segment_chunks=None):
         assert (cu_seqlens_cpu is None) == (cu_seqlens is None), "varlen calls pass the host copy"
         if cu_seqlens is not None:
             assert torch.equal(cu_seqlens_cpu, cu_seqlens.cpu())
@@ -348,7 +348,7 @@ def fake_chunk_kda(calls):
                      use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, lower_bound=lower_bound)
         assert state_v_first and not allow_neg_eigval
         assert safe_gate == (lower_bound is not None), "the bounded gate asks for safe_gate=True"
-        calls.append(dict(flags, pooled=state_indices is not None, plan=(warps, stages, segment_chunks)))
+        calls.append(dict(flags, pooled=state_indices is not None, plan=(chunk_size, warps, stages, segment_chunks)))
         s0 = initial_state[state_indices.long()] if state_indices is not None else initial_state
         o, s = _kda_reference(q, k, v, g, beta, A_log, dt_bias, s0, cu_seqlens, flags)
         if state_indices is not None:
@@ -481,26 +481,29 @@ def test_bench_kda_pool_row_reports_a_pool_that_differs(kda_bench_on_cpu, monkey
 
 
 def test_bench_kda_sweeps_the_planner_s_settings(kda_bench_on_cpu, capsys):
-    """--warps/--stages/--segment-chunks: pykda alone, the planner's choice first then each setting
-    (segment_chunks 0: the serial chain, auto: the planner's), every setting reaching chunk_kda."""
+    """--chunk-size/--warps/--stages/--segment-chunks: pykda alone, the planner's choice first then
+    each setting (segment_chunks 0: the serial chain, auto: the planner's), every setting reaching
+    chunk_kda, a setting left to the planner not passed at all."""
     kbench, calls = kda_bench_on_cpu
-    result = kbench.run(types.SimpleNamespace(quick=False, shapes="3:17", warps="2,4", segment_chunks="0,auto"))
+    result = kbench.run(types.SimpleNamespace(quick=False, shapes="3:17", chunk_size="32", warps="2,4",
+                                              segment_chunks="0,auto"))
     rows = result["timing"]
-    points = [(None, None, None), (2, None, 0), (2, None, None), (4, None, 0), (4, None, None)]
-    assert [(r["gate"], (r["warps"], r["stages"], r["segment_chunks"])) for r in rows] == \
+    points = [(None, None, None, None), (32, 2, None, 0), (32, 2, None, None), (32, 4, None, 0), (32, 4, None, None)]
+    assert [(r["gate"], tuple(r[k] for k in kbench.KNOBS)) for r in rows] == \
         [(gate, p) for gate in kbench.GATES for p in points]
     plans = [c["plan"] for c in calls["pykda"]]
     assert [p for i, p in enumerate(plans) if i == 0 or p != plans[i - 1]] == points * 2   # (each timed call run twice)
     assert not calls["flashkda"] and not calls["fla"] and set(result) == {"timing"}
     out = capsys.readouterr().out
-    assert "x auto" in out and out.count(" auto ") >= 2
+    assert "x auto" in out and out.count(" auto ") >= 2 and " chunk " in out
 
 
 def test_bench_kda_takes_its_sweep_options():
     from pykda.__main__ import build_parser
     from pykda.bench import check_options, settings
     parse = build_parser().parse_args
-    check_options(parse(["bench", "kda", "--warps", "2,4", "--stages", "3", "--segment-chunks", "0,128"]))
+    check_options(parse(["bench", "kda", "--chunk-size", "16,32", "--warps", "2,4", "--stages", "3",
+                        "--segment-chunks", "0,128"]))
     with pytest.raises(ValueError, match="does not take --warps"):
         check_options(parse(["bench", "decode", "--warps", "2"]))
     assert settings("0,128,auto", zero=0) == [0, 128, None] and settings("auto,4") == [None, 4]

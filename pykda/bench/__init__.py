@@ -20,7 +20,7 @@ def settings(text: str | None, zero=None) -> list:
 
 
 # the template and planner parameters each bench sweeps
-SWEEPS = {"decode": ("chunk_size", "stages"), "kda": ("warps", "stages", "segment_chunks"),
+SWEEPS = {"decode": ("chunk_size", "stages"), "kda": ("chunk_size", "warps", "stages", "segment_chunks"),
           "kda-decode": ("rows_per_thread", "stages"), "paged-decode": ()}
 # the sweep, shape and plot options each bench takes; any other given is an error, never ignored
 OPTIONS = {"decode": SWEEPS["decode"] + ("shapes", "plot", "grid"), "kda": SWEEPS["kda"] + ("shapes",),

@@ -18,7 +18,8 @@ The "pool" row repeats one shape (POOL_SHAPE) with the states read from and writ
 rows of a pool larger than N (`initial_state=pool, state_indices=idx`), beside the contiguous
 `initial_state` call of the same shape timed in the same row.
 
-With `--warps`, `--stages` or `--segment-chunks` it sweeps the planner's settings instead: pykda
+With `--chunk-size`, `--warps`, `--stages` or `--segment-chunks` it sweeps the planner's settings
+instead (the kernels' CHUNK, the recurrence's consumer warps, its pipeline depth, chunks per segment): pykda
 alone, a row per shape, gate mode and setting, the planner's own choice ("auto") first and each
 row's time against it ("x auto")."""
 from __future__ import annotations
@@ -57,6 +58,7 @@ UNBOUNDED = "cannot run (unbounded gate)"
 POOL_SHAPE = (64, [1300, 547, 2048, 963, 271, 3063])   # the "pool in place" row (run in --quick too)
 POOL_ROWS_PER_SEQUENCE = 8                             # the pool holds 8 N rows
 POOL_GATE = "softplus"
+KNOBS = ("chunk_size", "warps", "stages", "segment_chunks")   # the chunk_kda settings a sweep can take
 
 
 def parse_shapes(text: str) -> list:
@@ -155,11 +157,11 @@ def _time(row, name, fn, timer):
 
 
 def _sweep_points(args) -> list:
-    """The (warps, stages, segment_chunks) settings of a sweep, the planner's (None, None, None)
-    first; [] without sweep options."""
-    points = list(itertools.product(settings(getattr(args, "warps", None)), settings(getattr(args, "stages", None)),
-                                    settings(getattr(args, "segment_chunks", None), zero=0)))
-    auto = (None, None, None)
+    """The settings of a sweep as {knob: value} (KNOBS), the planner's (all None) first; [] without
+    sweep options."""
+    values = [settings(getattr(args, knob, None), zero=0 if knob == "segment_chunks" else None) for knob in KNOBS]
+    points = [dict(zip(KNOBS, p)) for p in itertools.product(*values)]
+    auto = dict.fromkeys(KNOBS)
     return [] if points == [auto] else [auto] + [p for p in points if p != auto]
 
 
@@ -205,18 +207,18 @@ def _floor_ms(H, lengths, with_state, copy_tbs) -> float:
 
 
 def _sweep(shapes, points, timer, copy_tbs) -> dict:
-    """pykda's ms at each (warps, stages, segment_chunks) point of every shape and gate mode."""
+    """pykda's ms at each point (KNOBS) of every shape and gate mode."""
     import torch
     rows = []
     for H, lengths, with_state in progress(shapes, "bench kda sweep", label=lambda s: _label((0, s)), unit="shape"):
         x, params, cu, h0 = _inputs(H, lengths, with_state)
         for gate in GATES:
             ours = _runners(x, params, cu, h0, {}, gate)["pykda"]
-            for warps, stages, seg in points:
+            for point in points:
                 row = dict(H=H, T=sum(lengths), N=len(lengths), state=with_state, gate=gate,
-                           floor_ms=_floor_ms(H, lengths, with_state, copy_tbs), warps=warps, stages=stages,
-                           segment_chunks=seg)
-                _time(row, "pykda", lambda: ours(warps=warps, stages=stages, segment_chunks=seg), timer)
+                           floor_ms=_floor_ms(H, lengths, with_state, copy_tbs), **point)
+                # the planner's own choice of a knob is its keyword left out
+                _time(row, "pykda", lambda: ours(**{k: v for k, v in point.items() if v is not None}), timer)
                 rows.append(row)
         del x, params, cu, h0
         torch.cuda.empty_cache()
@@ -226,22 +228,23 @@ def _sweep(shapes, points, timer, copy_tbs) -> dict:
 
 def _print_sweep(rows):
     auto = lambda v: "auto" if v is None else str(v)   # noqa: E731
-    print(f"\n{'H':>3} {'T':>7} {'N':>2} {'gate':>8} {'warps':>5} {'stages':>6} {'seg':>5} {'ms':>8} {'x auto':>6} "
-          f"{'%floor':>6}")
+    heads = dict(chunk_size="chunk", warps="warps", stages="stages", segment_chunks="seg")
+    print(f"\n{'H':>3} {'T':>7} {'N':>2} {'gate':>8} " + " ".join(f"{heads[k]:>6}" for k in KNOBS) +
+          f" {'ms':>8} {'x auto':>6} {'%floor':>6}")
     base = {}
     for r in rows:
         key = (r["H"], r["T"], r["N"], r["gate"])
         ms = r.get("pykda")
-        if (r["warps"], r["stages"], r["segment_chunks"]) == (None, None, None):
+        if all(r[k] is None for k in KNOBS):
             base[key] = ms
         ratio = f"{base[key] / ms:.2f}" if ms and base.get(key) else "-"
         cell, pct = (f"{ms:.3f}", f"{100 * r['floor_ms'] / ms:.0f}") if ms else ("-", "-")
-        print(f"{r['H']:3d} {r['T']:7d} {r['N']:2d} {r['gate']:>8} {auto(r['warps']):>5} {auto(r['stages']):>6} "
-              f"{auto(r['segment_chunks']):>5} {cell:>8} {ratio:>6} {pct:>6}")
+        print(f"{r['H']:3d} {r['T']:7d} {r['N']:2d} {r['gate']:>8} " + " ".join(f"{auto(r[k]):>6}" for k in KNOBS) +
+              f" {cell:>8} {ratio:>6} {pct:>6}")
     for r in rows:
         if r.get("pykda_error"):
-            print(f"  H={r['H']} T={r['T']} {r['gate']} warps={auto(r['warps'])} stages={auto(r['stages'])} "
-                  f"seg={auto(r['segment_chunks'])}: {r['pykda_error']}")
+            print(f"  H={r['H']} T={r['T']} {r['gate']} " + " ".join(f"{k}={auto(r[k])}" for k in KNOBS) +
+                  f": {r['pykda_error']}")
 
 
 def _label(item) -> str:
