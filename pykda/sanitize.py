@@ -68,11 +68,13 @@ TESTS = (
     "tests/test_batch_decode_gpu.py::test_matches_reference[1000-8-NHD-8-8-256-float16]",  # D 256
     "tests/test_batch_decode_gpu.py::test_split_sequences_of_different_lengths_and_scale[64-4]",   # merge: 4 warps a row
     "tests/test_batch_decode_gpu.py::test_split_sequences_of_different_lengths_and_scale[512-1]",  # a warp a row
+    "tests/test_batch_decode_gpu.py::test_split_sequences_merge_in_clusters[384-4]",   # clusters of 4, 3 chunks: DSMEM
     "tests/test_batch_decode_gpu.py::test_strided_hnd_views_of_a_larger_cache",
     # flash decoding, a paged cache: cp.async gather (page 1) and TMA boxes (16, 128), bad page ids
     "tests/test_paged_decode_gpu.py::test_split_requests_merge_with_scale[1-64]",
     "tests/test_paged_decode_gpu.py::test_split_requests_merge_with_scale[16-64]",
     "tests/test_paged_decode_gpu.py::test_split_requests_merge_with_scale[128-192]",   # chunks of 3 tiles, mid-page
+    "tests/test_paged_decode_gpu.py::test_split_requests_merge_in_clusters[1-128-8]",   # gathered pages, clusters of 8
     "tests/test_paged_decode_gpu.py::test_page_ids_outside_the_pool_read_zeros[1]",
     "tests/test_paged_decode_gpu.py::test_page_ids_outside_the_pool_read_zeros[128]",
     # KDA prefill (kda_prepare, kda_recurrence): every gate mode, state pool, both layouts

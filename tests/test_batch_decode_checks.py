@@ -166,32 +166,65 @@ def test_lengths_on_the_device_are_planned_as_uneven(offline):
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_split_batch_is_a_partial_launch_then_a_merge(offline, layout):
+    """A split of more chunks than a cluster holds: decode_partial's partials, then decode_merge."""
     B, S, hq, hkv, d = 3, 1000, 32, 8, 128
     q, k, v = good(B, S, hq, hkv, d, layout)
     lens = arr((B,), "int32", ptr=BASE * 3)
     o, lse = decode.flash_decode(q, k, v, batched=True, kv_layout=layout, kv_lens=lens, return_lse=True,
-                                 chunk_size=128)
+                                 chunk_size=64)
     assert tuple(o.shape) == (B, hq, d) and tuple(lse.shape) == (B, hq) and lse.dtype == "float32"
-    plan, params = _spec_params(DecodeProblem(S, hq, hkv, d, "bfloat16", B), chunk_size=128)
+    plan, params = _spec_params(DecodeProblem(S, hq, hkv, d, "bfloat16", B), chunk_size=64)
     names = [entry[0] for entry in offline["launches"]]
-    assert names == ["decode_partial", "decode_merge"]
+    assert names == ["decode_partial", "decode_merge"] and plan.cluster == 0 and params["CLUSTER"] == 0
     _, grid, block, smem, args, _ = offline["launches"][0]
-    # ceil(1000 / 128) = 8 chunks, the last of 104 rows
-    assert grid == (8, hkv, B) and block == (160, 1, 1) and smem == plan.smem
+    # ceil(1000 / 64) = 16 chunks, the last of 40 rows
+    assert grid == (16, hkv, B) and block == (160, 1, 1) and smem == plan.smem
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", params)
     assert lens.ptr in args and BASE * 4 in args
     _, grid, block, smem, merge_args, _ = offline["launches"][1]
-    # 8 chunks: two warps per query row and 32 columns (8 chunk lanes), so four rows a CTA
-    assert plan.merge_warps == 2
-    assert grid == (B * hq // 4, d // 32, 1) and block == (256, 1, 1) and smem == 0
+    # 16 chunks: four warps per query row and 32 columns (16 chunk lanes), so two rows a CTA
+    assert plan.merge_warps == 4
+    assert grid == (B * hq // 2, d // 32, 1) and block == (256, 1, 1) and smem == 0
     assert [_KINDS[type(a)] for a in merge_args] == kernel_parameters("decode_merge", params)
     ws_o, ws_lse, kv_lens, kv_len, q_heads, n_chunks, chunk, o_p, *_, lse_p, row_warps, n_rows = merge_args
-    assert (ws_o, ws_lse, kv_lens) == tuple(args[11:13]) + (lens.ptr,) and (kv_len, q_heads, n_chunks, chunk) == (S, hq, 8, 128)
-    assert (o_p, lse_p) == (args[13], args[16]) and lse_p != 0 and (row_warps, n_rows) == (2, B * hq)
+    assert (ws_o, ws_lse, kv_lens) == tuple(args[11:13]) + (lens.ptr,) and (kv_len, q_heads, n_chunks, chunk) == (S, hq, 16, 64)
+    assert (o_p, lse_p) == (args[13], args[16]) and lse_p != 0 and (row_warps, n_rows) == (4, B * hq)
     assert len(offline["workspaces"]) == 1, "one workspace: the partials and their LSEs"
     # both maps walk (head_dim, kv_heads, kv_len, batch), whatever the layout in memory
     row, head = (hkv * d * 2, d * 2) if layout == "NHD" else (d * 2, S * d * 2)
     assert offline["maps"] == [(n, (d, hkv, S, B), (head, row, S * hkv * d * 2), (64, 1, plan.block_n, 1)) for n in "kv"]
+
+
+@pytest.mark.parametrize("chunk_size, chunks, cluster", [(128, 8, 8), (384, 3, 4), (512, 2, 2)])
+def test_split_of_few_chunks_in_many_waves_merges_in_a_cluster(offline, chunk_size, chunks, cluster):
+    """A split of at most 8 chunks whose CTAs fill more than one round of the GPU is one launch:
+    the grid's x a whole cluster of CTAs (those past the chunks exit), the kernel compiled for that
+    cluster, no workspace and no decode_merge."""
+    B, S, hq, hkv, d = 64, 1000, 32, 8, 128
+    q, k, v = good(B, S, hq, hkv, d)
+    lens = arr((B,), "int32", ptr=BASE * 3)
+    decode.flash_decode(q, k, v, batched=True, kv_lens=lens, return_lse=True, chunk_size=chunk_size)
+    plan, params = _spec_params(DecodeProblem(S, hq, hkv, d, "bfloat16", B), chunk_size=chunk_size)
+    assert (plan.n_chunks, plan.cluster, params["CLUSTER"]) == (chunks, cluster, cluster)
+    ((name, grid, block, smem, args, spec),) = offline["launches"]
+    assert name == "decode_partial" and grid == (cluster, hkv, B) and spec.param_dict["CLUSTER"] == cluster
+    assert args[11:13] == (0, 0) and offline["workspaces"] == []
+    assert args[-1] == chunk_size and lens.ptr in args and args[16] != 0   # the LSE, written by the cluster
+
+
+def test_clusters_only_beyond_one_round_or_for_one_tile_chunks():
+    """Within one round of the GPU a cluster's CTAs crowd few SMs (cluster_pays): 3 sequences of 8
+    chunks of two tiles keep decode_merge, 64 of them or chunks of one tile merge in clusters."""
+    for B, S, chunk, cluster in ((3, 1000, 128, 0), (64, 1000, 128, 8), (3, 500, 64, 8), (1, 200, 64, 4)):
+        plan = plan_decode(DecodeProblem(S, 32, 8, 128, "bfloat16", B), **H200, chunk_size=chunk)
+        assert plan.cluster == cluster, (B, chunk, plan)
+    one_tile = plan_decode(DecodeProblem(1000, 32, 4, 64, "bfloat16"), **H200)   # 8 chunks of one 128-row tile
+    assert (one_tile.n_chunks, one_tile.chunk, one_tile.cluster) == (8, 128, 8)
+    assert decode.cluster_pays(1, 8, 264) and decode.cluster_pays(2, 265, 264) and not decode.cluster_pays(2, 264, 264)
+
+
+def test_merge_cluster_holds_the_chunks():
+    assert [decode.merge_cluster(n) for n in (1, 2, 3, 4, 5, 8, 9, 64)] == [0, 2, 4, 4, 8, 8, 0, 0]
 
 
 @pytest.mark.parametrize("chunk_size", [None, 192, 1664])
@@ -216,8 +249,8 @@ def test_the_chunk_is_the_last_argument(offline, chunk_size):
 def test_split_decode_takes_one_workspace_from_q_partials_then_lse(offline):
     B, S, hq, hkv, d = 3, 1000, 32, 8, 128
     q, k, v = arr((B, hq, d)), arr((B, S, hkv, d)), arr((B, S, hkv, d))
-    decode.flash_decode(q, k, v, batched=True, chunk_size=128)
-    n_part = B * hq * -(-S // 128)   # partial rows: ceil(1000 / 128) = 8 chunks, the last of 104 rows
+    decode.flash_decode(q, k, v, batched=True, chunk_size=64)
+    n_part = B * hq * -(-S // 64)   # partial rows: ceil(1000 / 64) = 16 chunks (more than a cluster), the last of 40 rows
     ((ref, stream, nbytes),) = offline["workspaces"]
     assert ref is q and stream == 0
     (*_, args, _), (*_, merge_args, _) = offline["launches"]
@@ -265,14 +298,16 @@ def test_bad_layout_raises_before_any_launch(offline):
 
 
 def test_decode_family_registers_every_kernel_the_planner_picks():
-    """One kernel per head dim, dtype, split or not and cache (padded or each page size), and for
-    head dim 64 the short tile's unsplit one: the registry holds all 98, which cover the planner's
-    pick for any problem and chunk."""
+    """One kernel per head dim, dtype, cache (padded or each page size) and unsplit, split with
+    decode_merge or split in a cluster of 2, 4 or 8, and for head dim 64 the short tile's unsplit
+    one: the registry holds all 224, which cover the planner's pick for any problem and chunk."""
     from pykda import registry
     from pykda.ops.paged_decode import PAGE_SIZES
     specs = registry.specs("decode", "sm_90a")
     short = len(decode.DTYPES) * (1 + len(PAGE_SIZES))   # head dim 64's other tile (the others' is 64 rows)
-    assert len(specs) == len(set(specs)) == len(decode.HEAD_DIMS) * len(decode.DTYPES) * 2 * (1 + len(PAGE_SIZES)) + short
+    kinds = 2 + len(decode.CLUSTERS)   # unsplit, merged by decode_merge, merged in each cluster size
+    assert len(specs) == len(set(specs)) == len(decode.HEAD_DIMS) * len(decode.DTYPES) * kinds * (1 + len(PAGE_SIZES)) + short
+    assert len(specs) == 224
     specs = set(specs)
     rng = np.random.default_rng(5)
     for _ in range(200):

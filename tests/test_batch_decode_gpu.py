@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import pykda
-from pykda import reference
+from pykda import reference, runtime
 from pykda.ops import decode
 
 pytestmark = pytest.mark.gpu
@@ -93,6 +93,26 @@ def test_split_sequences_of_different_lengths_and_scale(chunk_size, merge_warps)
     kv_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     o, lse = pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_lens=kv_lens, scale=0.3, return_lse=True,
                                                      chunk_size=chunk_size)
+    check(o, lse, ref(q, k, v, lens, scale=0.3), lens, "bfloat16")
+
+
+@pytest.mark.parametrize("chunk_size, cluster", [(128, 8), (384, 4), (512, 2)])
+def test_split_sequences_merge_in_clusters(chunk_size, cluster):
+    """48 sequences of 0..1000 rows in chunks of 128, 384 or 512 rows (at most 8, 3 or 2 each): more
+    CTAs than one round of the GPU, so each sequence's chunks merge in a cluster of 8, 4 or 2 CTAs
+    (those past its chunks leave at once), no decode_merge; out poisoned first."""
+    lens = [1000, 0, 1, 64, 65, 999, 129, 383, 385, 512, 513] + np.random.default_rng(chunk_size).integers(0, 1001, 37).tolist()
+    B, S, hq, hkv, d = len(lens), 1000, 32, 8, 128
+    dev = runtime.device_info(0)
+    plan = decode.plan_decode(decode.DecodeProblem(S, hq, hkv, d, "bfloat16", B), dev.sm_count, dev.smem_per_sm,
+                              chunk_size, uneven=True)
+    assert plan.cluster == cluster, plan
+    q, k, v = make(B, S, hq, hkv, d, "bfloat16", lens, seed=chunk_size)
+    kv_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    out = torch.full_like(q, float("nan"))
+    o, lse = pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_lens=kv_lens, scale=0.3, out=out, return_lse=True,
+                                                     chunk_size=chunk_size)
+    assert o is out
     check(o, lse, ref(q, k, v, lens, scale=0.3), lens, "bfloat16")
 
 

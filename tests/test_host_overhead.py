@@ -423,7 +423,7 @@ def test_stubbed_paged_run_reads_the_call_values(page_size):
     count and strides; then decode_merge reads the workspace, the tables (rows), out and LSE beside
     the row bound, heads, chunks and out's strides."""
     twin = cpu_twin_of_arrays()
-    hq, hkv, lens, bf = 8, 2, (300, 0, 37), torch.bfloat16
+    hq, hkv, lens, bf = 8, 2, (600, 0, 37), torch.bfloat16
     pages = [-(-n // page_size) for n in lens]
     num_pages = sum(pages) + 2
     indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
@@ -433,7 +433,7 @@ def test_stubbed_paged_run_reads_the_call_values(page_size):
     with stubbed_gpu(twin) as gpu:
         seen = _driver_reads(decode.KERNEL_SIGNATURE, decode.MERGE_SIGNATURE)
         dec = paged_decode.BatchDecodeWithPagedKVCache("NHD")
-        dec.plan(indptr, indices, last, hq, hkv, D, page_size, chunk_size=64)   # split: ceil(300 / 64) = 5 chunks
+        dec.plan(indptr, indices, last, hq, hkv, D, page_size, chunk_size=64)   # split: ceil(600 / 64) = 10 chunks (more than a cluster)
         assert dec._tables.tolist() == [*lens, *indptr[:-1]]
         for _ in range(2):
             q = torch.randn(len(lens), hq, D).to(bf)
@@ -443,7 +443,7 @@ def test_stubbed_paged_run_reads_the_call_values(page_size):
         assert len(paged_decode.PREPARED.results) == 1
         call = paged_decode.PREPARED.last[1]
     tables = dec._tables.data_ptr()
-    assert call.plan.n_chunks == 5 and len(seen) == 4 and len(gpu.scratch) == 2   # the last of 44 rows
+    assert call.plan.n_chunks == 10 and len(seen) == 4 and len(gpu.scratch) == 2   # the last of 24 rows
     assert set(gpu.kernels) == {"decode_partial", "decode_merge"}
     for (_, params, geometry), (_, merge, merge_geometry), (q, k, v, o, lse) in zip(seen[0::2], seen[1::2], calls):
         ws = _workspace(call, gpu.scratch)
@@ -455,8 +455,8 @@ def test_stubbed_paged_run_reads_the_call_values(page_size):
         assert params[14:21] == [hq * D, D, lse.data_ptr(), tables + 4 * len(lens), indices.data_ptr(), k.data_ptr(),
                                  v.data_ptr()]
         assert params[21:] == [num_pages, *k.stride()[:3], 64]   # the pages' count and strides, then the chunk
-        assert call.plan.merge_warps == 2 and merge_geometry == _merge_geometry(len(lens), hq, 2)   # 5 chunks
-        assert merge == ws + [tables, paged_decode.MAX_ROWS, hq, 5, 64, o.data_ptr(), hq * D, D, lse.data_ptr(), 2,
+        assert call.plan.merge_warps == 4 and merge_geometry == _merge_geometry(len(lens), hq, 4)   # 10 chunks
+        assert merge == ws + [tables, paged_decode.MAX_ROWS, hq, 10, 64, o.data_ptr(), hq * D, D, lse.data_ptr(), 4,
                               len(lens) * hq]
     assert gpu.scratch == []   # one block per split call, each checked
 

@@ -244,7 +244,7 @@ def test_max_kv_len_fixes_the_split_as_requests_grow(offline):
 def test_run_is_a_partial_launch_then_a_merge_with_the_page_table(offline, page_size, layout):
     B, hq, hkv, d, P = 3, 32, 8, 128, 50
     lens = [1000, 0, 33]
-    dec = planned(lens, hq, hkv, d, page_size, layout, chunk_size=128)
+    dec = planned(lens, hq, hkv, d, page_size, layout, chunk_size=64)   # 16 chunks: more than a cluster
     ((tables_ptr, tables),) = offline["copies"]
     indptr, _, _ = table(lens, page_size)
     assert tables_ptr == TABLES and tables.tolist() == lens + indptr[:-1].tolist(), "rows, then first page entries"
@@ -254,23 +254,23 @@ def test_run_is_a_partial_launch_then_a_merge_with_the_page_table(offline, page_
     (name, grid, block, smem, args, spec), (merge, merge_grid, merge_block, merge_smem, merge_args, merge_spec) = \
         offline["launches"]
     p = decode.DecodeProblem(1000, hq, hkv, d, "bfloat16", B)
-    plan = decode.plan_decode(p, **H200, chunk_size=128)
+    plan = decode.plan_decode(p, **H200, chunk_size=64)
     assert spec == decode.decode_spec(p, plan, "sm_90a", page_size) and smem == plan.smem
     assert spec.param_dict["PAGE"] == page_size and spec.param_dict["GATHER"] == (page_size < 16)
-    # ceil(1000 / 128) = 8 chunks (the longest request's), the last of 104 rows
-    assert name == "decode_partial" and grid == (8, hkv, B) and block == (160, 1, 1)
+    # ceil(1000 / 64) = 16 chunks (the longest request's), the last of 40 rows
+    assert name == "decode_partial" and grid == (16, hkv, B) and block == (160, 1, 1)
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", spec.param_dict)
     assert args[5] == TABLES and args[6] == paged_decode.MAX_ROWS, "rows per request from the plan, never clamped"
-    n_part = B * hq * 8   # partial rows: 8 chunks
+    n_part = B * hq * 16   # partial rows: 16 chunks
     assert args[11:13] == (BASE * 4, BASE * 4 + n_part * d * 4), "the partial outputs (fp32), then their LSE"
     assert args[17:21] == (TABLES + 4 * B, INDICES, K, V)
     page, row, head = (page_size * hkv * d, hkv * d, d) if layout == "NHD" else (hkv * page_size * d, d, page_size * d)
-    assert args[21:] == (P, page, row, head, 128), "the pages' count and strides, then the chunk"
+    assert args[21:] == (P, page, row, head, 64), "the pages' count and strides, then the chunk"
     assert merge == "decode_merge" and merge_spec == spec
-    # 8 chunks: two warps per (query row, 32 columns), four rows a CTA
-    assert (merge_grid, merge_block, merge_smem) == ((B * hq // 4, d // 32, 1), (256, 1, 1), 0)
+    # 16 chunks: four warps per (query row, 32 columns), two rows a CTA
+    assert (merge_grid, merge_block, merge_smem) == ((B * hq // 2, d // 32, 1), (256, 1, 1), 0)
     assert [_KINDS[type(a)] for a in merge_args] == kernel_parameters("decode_merge", spec.param_dict)
-    assert merge_args == (*args[11:13], TABLES, paged_decode.MAX_ROWS, hq, 8, 128, *args[13:17], 2, B * hq) and \
+    assert merge_args == (*args[11:13], TABLES, paged_decode.MAX_ROWS, hq, 16, 64, *args[13:17], 4, B * hq) and \
         args[16] != 0, "the workspace, the rows per request, heads, chunks and chunk; out, its strides and the LSE; " \
                        "warps per row, rows"
     if page_size < 16:   # gathered: no tensor maps

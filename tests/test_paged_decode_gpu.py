@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pykda
-from pykda import reference
+from pykda import reference, runtime
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -106,6 +106,23 @@ def test_split_requests_merge_with_scale(page_size, chunk_size):
     lens = [5000, 64, 65, 0, 4097, 129]
     q, k, v, tables = make(lens, page_size, 32, 4, 128, "bfloat16", "NHD", seed=7 + page_size)
     o, lse = decode(q, k, v, tables, page_size, "NHD", 4, scale=0.3, chunk_size=chunk_size)
+    check(o, lse, expected(q, k, v, tables, "NHD", scale=0.3), lens, "bfloat16")
+
+
+@pytest.mark.parametrize("page_size, chunk_size, cluster", [(1, 128, 8), (16, 128, 8), (16, 384, 4), (64, 512, 2)])
+def test_split_requests_merge_in_clusters(page_size, chunk_size, cluster):
+    """40 requests of 0..1000 rows in chunks of 128, 384 or 512 rows (at most 8, 3 or 2 each): more
+    CTAs than one round of the GPU, so each request's chunks merge in a cluster of 8, 4 or 2 CTAs
+    (those past its chunks leave at once), no decode_merge."""
+    from pykda.ops import decode as dec_op
+    lens = [1000, 0, 1, 64, 65, 999, 129, 383, 385, 512, 513] + \
+        np.random.default_rng(page_size).integers(0, 1001, 29).tolist()
+    q, k, v, tables = make(lens, page_size, 32, 4, 128, "bfloat16", "NHD", seed=11 + page_size)
+    dev = runtime.device_info(0)
+    plan = dec_op.plan_decode(dec_op.DecodeProblem(1000, 32, 4, 128, "bfloat16", len(lens)), dev.sm_count,
+                              dev.smem_per_sm, chunk_size, uneven=True)
+    assert plan.cluster == cluster, plan
+    o, lse = decode(q, k, v, tables, page_size, "NHD", 4, scale=0.3, chunk_size=chunk_size, max_kv_len=1000)
     check(o, lse, expected(q, k, v, tables, "NHD", scale=0.3), lens, "bfloat16")
 
 

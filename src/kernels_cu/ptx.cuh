@@ -99,3 +99,27 @@ PYKDA_DEVICE void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t
                "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_addr(bar))
                : "memory");
 }
+
+// ---- thread block clusters: the cluster barrier and reads of a peer CTA's shared memory ----
+// Every non-exited thread of the cluster arrives, then waits: shared-memory writes before the
+// barrier are visible to the whole cluster after it (release / acquire).
+PYKDA_DEVICE void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+// The address of this CTA's shared variable at `addr` (shared::cta) in cluster CTA `rank` (shared::cluster).
+PYKDA_DEVICE uint32_t cluster_peer_addr(uint32_t addr, uint32_t rank) {
+  uint32_t peer;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(peer) : "r"(addr), "r"(rank));
+  return peer;
+}
+PYKDA_DEVICE float ld_cluster_f32(uint32_t addr) {
+  float x;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(x) : "r"(addr) : "memory");
+  return x;
+}
+PYKDA_DEVICE float4 ld_cluster_v4(uint32_t addr) {   // 16-byte aligned
+  float4 x;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(x.x), "=f"(x.y), "=f"(x.z), "=f"(x.w) : "r"(addr) : "memory");
+  return x;
+}
