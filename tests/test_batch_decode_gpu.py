@@ -156,6 +156,37 @@ def test_cuda_graph_replay_with_new_lengths_and_data():
         check(out, lse_graph, ref(q2, k2, v2, lens), lens, "bfloat16")
 
 
+def test_cuda_graph_of_a_split_merged_in_clusters():
+    """torch's capture idiom (warm-up on a side stream, then `torch.cuda.graph(g)`) around a call
+    whose chunks merge in clusters of 8; replayed with new data and new lengths (0 and 1 rows, some
+    sequences of fewer chunks than the cluster)."""
+    B, S, hq, hkv, d, chunk = 48, 1000, 32, 8, 128, 128
+    dev = runtime.device_info(0)
+    plan = decode.plan_decode(decode.DecodeProblem(S, hq, hkv, d, "bfloat16", B), dev.sm_count, dev.smem_per_sm,
+                              chunk, uneven=True)
+    assert plan.cluster == 8, plan
+    q, k, v = make(B, S, hq, hkv, d, "bfloat16", [S] * B, seed=8)
+    kv_lens = torch.full((B,), S, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_lens=kv_lens, out=out, chunk_size=chunk)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, lse = pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_lens=kv_lens, out=out, return_lse=True,
+                                                         chunk_size=chunk)
+    for seed in (9, 10):
+        lens = [0, 1, 128, 129, 1000] + np.random.default_rng(seed).integers(0, 1001, B - 5).tolist()
+        q2, k2, v2 = make(B, S, hq, hkv, d, "bfloat16", lens, seed=seed)
+        q.copy_(q2), k.copy_(k2), v.copy_(v2), kv_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, lse, ref(q2, k2, v2, lens), lens, "bfloat16")
+
+
 def test_bad_inputs_raise_before_launch():
     q, k, v = make(2, 100, 32, 8, 128, "bfloat16", [100, 100], seed=6)
     with pytest.raises(TypeError, match="kv_lens must have dtype int32; got int64"):
