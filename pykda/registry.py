@@ -30,7 +30,7 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
                     if plan.split:   # the split's chunks in clusters (a batch of many waves): as many as each holds
                         batch = p._replace(batch=64)
                         for c in CLUSTERS:
-                            rows = -(-(-(-s // c)) // plan.block_n) * plan.block_n   # ceil(s / c), whole tiles
+                            rows = -(-s // (c * plan.block_n)) * plan.block_n   # ceil(s / c) in whole tiles
                             split = plan_decode(batch, H200_SMS, H200_SMEM_PER_SM, chunk_size=rows)
                             assert split.cluster == c, (split, c)
                             yield decode_spec(batch, split, arch, page)

@@ -135,6 +135,19 @@ def test_strided_hnd_views_of_a_larger_cache():
     check(o, lse, ref(q, k.transpose(1, 2), v.transpose(1, 2), lens), lens, "bfloat16")
 
 
+def replay_with_new_data(graph, q, k, v, kv_lens, out, lse, cases):
+    """For each (seed, lengths) of `cases`: new bf16 data and lengths into the graph's inputs (q,
+    NHD k and v, kv_lens), out poisoned, one replay, out and lse against the float64 reference."""
+    (B, hq, d), (S, hkv) = q.shape, k.shape[1:3]
+    for seed, lens in cases:
+        q2, k2, v2 = make(B, S, hq, hkv, d, "bfloat16", lens, seed=seed)
+        q.copy_(q2), k.copy_(k2), v.copy_(v2), kv_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, lse, ref(q2, k2, v2, lens), lens, "bfloat16")
+
+
 def test_cuda_graph_replay_with_new_lengths_and_data():
     B, S, hq, hkv, d = 3, 8192, 32, 8, 128
     q, k, v = make(B, S, hq, hkv, d, "bfloat16", [S] * B, seed=3)
@@ -147,13 +160,7 @@ def test_cuda_graph_replay_with_new_lengths_and_data():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=s):
         _, lse_graph = pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_lens=kv_lens, out=out, return_lse=True)
-    for seed, lens in ((4, [4097, 8192, 0]), (5, [1, 63, 8191])):
-        q2, k2, v2 = make(B, S, hq, hkv, d, "bfloat16", lens, seed=seed)
-        q.copy_(q2), k.copy_(k2), v.copy_(v2), kv_lens.copy_(torch.tensor(lens, dtype=torch.int32))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        check(out, lse_graph, ref(q2, k2, v2, lens), lens, "bfloat16")
+    replay_with_new_data(graph, q, k, v, kv_lens, out, lse_graph, ((4, [4097, 8192, 0]), (5, [1, 63, 8191])))
 
 
 def test_cuda_graph_of_a_split_merged_in_clusters():
@@ -177,14 +184,9 @@ def test_cuda_graph_of_a_split_merged_in_clusters():
     with torch.cuda.graph(graph):
         _, lse = pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_lens=kv_lens, out=out, return_lse=True,
                                                          chunk_size=chunk)
-    for seed in (9, 10):
-        lens = [0, 1, 128, 129, 1000] + np.random.default_rng(seed).integers(0, 1001, B - 5).tolist()
-        q2, k2, v2 = make(B, S, hq, hkv, d, "bfloat16", lens, seed=seed)
-        q.copy_(q2), k.copy_(k2), v.copy_(v2), kv_lens.copy_(torch.tensor(lens, dtype=torch.int32))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        check(out, lse, ref(q2, k2, v2, lens), lens, "bfloat16")
+    replay_with_new_data(graph, q, k, v, kv_lens, out, lse,
+                         [(seed, [0, 1, 128, 129, 1000] + np.random.default_rng(seed).integers(0, 1001, B - 5).tolist())
+                          for seed in (9, 10)])
 
 
 def test_bad_inputs_raise_before_launch():

@@ -75,6 +75,11 @@ class DecodePlan:
         return self.n_chunks > 1
 
     @property
+    def merge_launch(self) -> bool:
+        """A split whose chunks decode_merge merges, after decode_partial (not in clusters)."""
+        return self.split and not self.cluster
+
+    @property
     def grid_chunks(self) -> int:
         """decode_partial's grid x: the chunks, or a whole cluster of CTAs (those past the chunks exit)."""
         return self.cluster or self.n_chunks
@@ -215,7 +220,7 @@ def decode_spec(p: DecodeProblem, plan: DecodePlan, arch: str, page_size: int = 
         "WARPS": WARPS, "SPLIT": plan.split, "PAGE": page_size,
         "GATHER": 0 < page_size < TMA_MIN_PAGE, "CLUSTER": plan.cluster, "MERGE_THREADS": MERGE_THREADS,
         "MERGE_COLUMNS": MERGE_COLUMNS}, arch,
-        kernels=("decode_partial", "decode_merge") if plan.split and not plan.cluster else ("decode_partial",))
+        kernels=("decode_partial", "decode_merge") if plan.merge_launch else ("decode_partial",))
 
 
 def layouts(batched: bool, kv_layout: str) -> tuple[str, str]:
@@ -371,7 +376,7 @@ def workspace_layout(p: DecodeProblem, plan: DecodePlan) -> tuple[int, int]:
     """Bytes of a call's workspace (0 without a split or with its merge in clusters: the partial outputs, fp32, a [batch,
     q_heads, chunks, head_dim] array, then the partial lse [batch, q_heads, chunks]) and where its
     lse starts."""
-    n_part = p.batch * p.q_heads * plan.n_chunks if plan.split and not plan.cluster else 0
+    n_part = p.batch * p.q_heads * plan.n_chunks if plan.merge_launch else 0
     lse_offset = n_part * p.head_dim * 4
     return lse_offset + n_part * 4, lse_offset
 
@@ -400,7 +405,7 @@ def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q:
     values = runtime.CallValues(CALL_SIGNATURE)
     launches = (bound_launch(spec, q.device, values, "decode_partial", KERNEL_SIGNATURE, args,
                              (plan.grid_chunks, p.kv_heads, p.batch * plan.head_blocks), (WARPS + 1) * 32, plan.smem),)
-    if plan.split and not plan.cluster:
+    if plan.merge_launch:
         i32 = np.int32
         n_rows, rows_per_cta = p.batch * p.q_heads, MERGE_WARPS // plan.merge_warps
         merge_args = (at["ws_o"], at["ws_lse"], at["kv_lens"], i32(max_rows), i32(p.q_heads), i32(plan.n_chunks),
