@@ -6,7 +6,7 @@ import pytest
 
 import pykda
 from pykda import registry
-from pykda.ops.kda import (KdaProblem, bounded_gate, plan_kda, prepare_smem_bytes, record_bytes,
+from pykda.ops.kda import (KdaProblem, bounded_gate, kda_specs, plan_kda, prepare_smem_bytes, record_bytes,
                            recurrence_smem_bytes, validate_kda)
 from pykda.ops.kda_variant import SAFE_GATE_FLAGS, KdaFlags, KdaVariant, resolve_variant
 from fakes import BASE, device_array as arr, offline_runtime
@@ -431,6 +431,24 @@ def test_plan_splits_v_to_fill_the_gpu(B, T, H, K, N, varlen, warps):
     assert plan.warps == warps and plan.v_split == 16 * warps and K % plan.v_split == 0
     ctas = N * H * (K // plan.v_split)
     assert ctas >= 0.9 * H200_SMS or plan.warps == 1
+
+
+@pytest.mark.parametrize("K, C, seg, warps, wgmma", [
+    (128, 16, 64, 4, True),     # segment passes, a warpgroup: wgmma
+    (128, 16, 64, 8, True),
+    (128, 16, 64, 2, False),    # half a warpgroup: mma.sync
+    (128, 16, 0, 4, False),     # one chain a CTA: mma.sync's shorter latency
+    (64, 16, 64, 4, False),     # shapes ptxas would serialize on wgmma
+    (128, 32, 64, 4, False),
+])
+def test_plan_takes_wgmma_for_the_segment_passes(K, C, seg, warps, wgmma):
+    p = problem(1, 131072, 8, K, 1, False, C)
+    plan = plan_kda(p, H200_SMS, warps=warps, segment_chunks=seg)
+    assert plan.wgmma == wgmma
+    specs = {s.param_dict["MAP"]: s.param_dict["WGMMA"] for s in kda_specs(p, plan, "sm_90a")[1:3]}
+    assert set(specs.values()) == {wgmma}
+    ckpt = kda_specs(p, plan, "sm_90a", checkpoints=True)[1].param_dict
+    assert ckpt["CKPT"] and not ckpt["WGMMA"], "checkpoints: mma.sync"
 
 
 @pytest.mark.parametrize("lengths, C", [([1, 15, 16, 17, 0, 1000, 4099], 16), ([0, 0, 1], 32), ([33] * 9, 16)])

@@ -54,6 +54,37 @@ def test_segments_match_reference(K, C, layout, state, seg):
         assert rel(fs, s_ref) <= TOL and rel(fs, f64(fs1)) <= 2e-3
 
 
+@pytest.mark.parametrize("v_first", [True, False])
+@pytest.mark.parametrize("seg", [0, 3])
+@pytest.mark.parametrize("layout", ["batch", "varlen"])
+def test_warpgroup_products_match_reference(layout, seg, v_first):
+    """4 and 8 consumer warps at K 128, C 16: in segments (pass 1's maps and pass 2) their products
+    on wgmma, which reads the record in the hardware's shared-memory layouts; serially on mma.sync.
+    Out (poisoned first) and the final state against float64, 4 and 8 warps bit for bit, and against
+    2 warps (mma.sync on the same record, read by ldmatrix), in both state layouts."""
+    if layout == "batch":
+        B, T, cu, N = 3, 333, None, 3
+    else:
+        B, T, N = 1, sum(VARLEN), len(VARLEN)
+        cu = cu_of(VARLEN)
+    x, s0 = make(B, T, 2, 128, seed=300 + seg + len(layout), state_dtype="bfloat16", N=N)
+    o_ref, s_ref = ref(x, None, s0, cu, flags=SOFTPLUS)
+    as_layout = (lambda s: s) if v_first else (lambda s: s.transpose(-1, -2).contiguous())
+    results = {}
+    for warps in (2, 4, 8):
+        o, fs = pykda.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], **SOFTPLUS, A_log=x["A_log"],
+                                dt_bias=x["dt_bias"], state_v_first=v_first, initial_state=as_layout(s0),
+                                output_final_state=True, cu_seqlens=cu, out=poisoned(B, T, 2, 128), warps=warps,
+                                segment_chunks=seg)
+        fs = as_layout(fs)
+        assert torch.isfinite(o).all(), f"every output row written ({warps} warps)"
+        assert rel(o, o_ref) <= TOL and rel(fs, s_ref) <= TOL, (warps, rel(o, o_ref), rel(fs, s_ref))
+        results[warps] = o, fs
+    assert torch.equal(results[4][0], results[8][0]) and torch.equal(results[4][1], results[8][1])
+    o2, fs2 = results[2]
+    assert rel(results[4][0], f64(o2)) <= 2e-3 and rel(results[4][1], f64(fs2)) <= 2e-3
+
+
 def test_scan_candidates_fewer_than_the_sequences():
     """51 sequences, 50 of them short: the scan's grid has fewer candidates than sequences (26 for
     51), so each long sequence is found by floor(base / (2·seg + 1)), not by its index."""

@@ -97,9 +97,10 @@ def scan_smem_bytes(K: int) -> int:
 
 
 def recurrence_smem_bytes(K: int, C: int, warps: int, stages: int) -> int:
-    vtile = C * 16 * warps * 2
-    stage = -(-(-(-vtile // 128) * 128 + record_bytes(K, C)) // 128) * 128
-    return stages * stage + warps * C * 16 * 2 + 1024
+    """kda_recurrence's dynamic shared memory: STAGES x [v tile | record], each 1024-byte aligned,
+    then the warps' o staging, and 1024 bytes to align the base."""
+    up = lambda n: -(-n // 1024) * 1024   # noqa: E731
+    return stages * up(up(C * 16 * warps * 2) + record_bytes(K, C)) + warps * C * 16 * 2 + 1024
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,7 @@ class KdaPlan:
     rec_smem: int
     segments: KdaSegments = NO_SEGMENTS
     rank: bool = False    # a rank's slice (chunk_kda_slice)
+    wgmma: bool = False   # the recurrence's products on wgmma (kda_recurrence's WGMMA)
 
     @property
     def v_split(self) -> int:
@@ -227,10 +229,12 @@ def plan_kda(p: KdaProblem, sm_count: int, warps: int | None = None, stages: int
     if not is_int(warps) or warps not in (1, 2, 4, 8) or 16 * warps > K:
         raise ValueError(f"warps must be 1, 2, 4 or 8 with 16·warps <= {K}; got {warps!r}")
     stages = stages or DEFAULT_STAGES[C]
+    # wgmma for the segment passes (several CTAs an SM: its throughput pays), at its shapes
+    wgmma = bool(segments.chunks) and warps % 4 == 0 and K == 128 and C == 16 and not SPLIT_S
     return KdaPlan(warps=warps, stages=stages, chunk_slots=chunk_bound(p),
                    prep_smem=_above_static_margin(prepare_smem_bytes(K, C, bounded_gate(p))),
                    rec_smem=_above_static_margin(recurrence_smem_bytes(K, C, warps, stages)), segments=segments,
-                   rank=rank)
+                   rank=rank, wgmma=wgmma)
 
 
 def kda_specs(p: KdaProblem, plan: KdaPlan, arch: str, split_s: bool | None = None,
@@ -243,10 +247,11 @@ def kda_specs(p: KdaProblem, plan: KdaPlan, arch: str, split_s: bool | None = No
                                    arch, kernels=("kda_prepare",))
 
     def recurrence(map_pass: bool) -> runtime.KernelSpec:
+        ckpt = checkpoints and not map_pass
         return runtime.KernelSpec.make("kda_recurrence", {"K": p.head_dim, "C": p.chunk, "WARPS": plan.warps,
                                                           "STAGES": plan.stages, "SPLIT_S": bool(split_s),
                                                           "VFIRST": p.v_first, "MAP": map_pass, "RANK": plan.rank,
-                                                          "CKPT": checkpoints and not map_pass},
+                                                          "CKPT": ckpt, "WGMMA": plan.wgmma and not ckpt and not split_s},
                                        arch, kernels=("kda_recurrence",))
 
     def scan(mode: str) -> runtime.KernelSpec:

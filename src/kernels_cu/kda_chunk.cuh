@@ -5,26 +5,38 @@
 #include "ptx.cuh"
 
 // Per (chunk, head) record that kda_prepare writes and kda_recurrence streams in with one bulk
-// copy. [C][K] matrices of 16-bit values have 16-byte chunks XOR-swizzled by row (kda_swz),
-// so that ldmatrix of 8 rows hits 8 different bank groups.
+// copy, laid out for both of the recurrence's tensor-core paths (ldmatrix + mma.sync, and wgmma
+// reading its B operands straight from the record):
+// - [C][K] matrices of 16-bit values in tiles of 64 columns (128-byte rows, C rows a tile), each
+//   row's 16-byte chunks XOR-swizzled by row (kda_tile_off): wgmma's 128-byte swizzle, which
+//   also keeps ldmatrix of 8 rows on 8 bank groups. QD and KD alternate tile by tile (QD's tile
+//   t, then KD's: one wgmma B operand of 2C rows); KR's tiles follow.
+// - [C][C] matrices in 8 x 8 core matrices of 16-byte rows (kda_core_off): wgmma's layout
+//   without swizzle.
 template <int K, int C> struct KdaRecord {
-  static constexpr int QD = 0;                     // fp16 [C][K]  scale·q̂·2^G
-  static constexpr int KD = QD + C * K * 2;        // fp16 [C][K]  k̂·2^G
-  static constexpr int KR = KD + C * K * 2;        // fp16 [C][K]  k̂·2^(G_C - G)
+  static constexpr int TILE = C * 128;             // bytes of one 64-column tile of a [C][K] matrix
+  static constexpr int QD = 0;                     // fp16 [C][K]  scale·q̂·2^G   (tile stride 2·TILE)
+  static constexpr int KD = TILE;                  // fp16 [C][K]  k̂·2^G         (tile stride 2·TILE)
+  static constexpr int QK_STRIDE = 2 * TILE;
+  static constexpr int KR = 2 * C * K * 2;         // fp16 [C][K]  k̂·2^(G_C - G) (tile stride TILE)
   static constexpr int AB = KR + C * K * 2;        // fp16 [C][C]  (I + L)^-1 · diag(β)
   static constexpr int MQK = AB + C * C * 2;       // fp16 [C][C]  lower_incl(qd · kiᵀ)
   static constexpr int GAMMA = MQK + C * C * 2;    // fp32 [K]     2^G_C
   static constexpr int BYTES = GAMMA + K * 4;      // a multiple of 16
-  static_assert(BYTES % 16 == 0 && K % 64 == 0, "record layout");
+  static_assert(BYTES % 16 == 0 && K % 64 == 0 && TILE % 1024 == 0, "record layout");
 };
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][K] 16-bit matrix.
-template <int K> PYKDA_DEVICE uint32_t kda_swz(int row, int chunk) {
-  return uint32_t(row * (K * 2) + ((chunk ^ (row & 7)) << 4));
+// Byte offset of 16-byte chunk `chunk` (columns 8·chunk..) of row `row` of a [rows][K] 16-bit
+// matrix stored as 64-column tiles `tile_stride` bytes apart, 128-byte rows XOR-swizzled by row
+// (the tiles 1024-byte aligned: wgmma's 128-byte swizzle).
+PYKDA_DEVICE uint32_t kda_tile_off(int row, int chunk, int tile_stride) {
+  return uint32_t((chunk >> 3) * tile_stride + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
 }
-// Byte offset of element (row, col).
-template <int K> PYKDA_DEVICE uint32_t kda_swz_elem(int row, int col) {
-  return kda_swz<K>(row, col >> 3) + uint32_t((col & 7) * 2);
+// Byte offset of 16-byte chunk `chunk` (columns 8·chunk..) of row `row` of a [C][C] 16-bit
+// matrix in 8 x 8 core matrices: 128 bytes each, K-adjacent ones 128 bytes apart, row groups
+// of 8 C / 8 · 128 bytes apart.
+template <int C> PYKDA_DEVICE uint32_t kda_core_off(int row, int chunk) {
+  return uint32_t((row >> 3) * (C / 8) * 128 + chunk * 128 + (row & 7) * 16);
 }
 
 // Token range [begin, end) of sequence n. Fixed length (cu == nullptr): batch row n, [0, T).
