@@ -437,11 +437,13 @@ def test_plan_splits_v_to_fill_the_gpu(B, T, H, K, N, varlen, warps):
     (128, 16, 64, 4, True),     # segment passes, a warpgroup: wgmma
     (128, 16, 64, 8, True),
     (128, 16, 64, 2, False),    # half a warpgroup: mma.sync
-    (128, 16, 0, 4, False),     # one chain a CTA: mma.sync's shorter latency
+    (128, 16, 0, 4, False),     # one warpgroup walking a chain: mma.sync's shorter latency
+    (128, 16, 0, 8, True),      # two warpgroups walking it: wgmma's fewer instructions
+    (128, 16, 0, 2, False),
     (64, 16, 64, 4, False),     # shapes ptxas would serialize on wgmma
     (128, 32, 64, 4, False),
 ])
-def test_plan_takes_wgmma_for_the_segment_passes(K, C, seg, warps, wgmma):
+def test_plan_takes_wgmma_for_segments_and_warpgroup_pairs(K, C, seg, warps, wgmma):
     p = problem(1, 131072, 8, K, 1, False, C)
     plan = plan_kda(p, H200_SMS, warps=warps, segment_chunks=seg)
     assert plan.wgmma == wgmma

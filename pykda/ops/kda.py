@@ -229,8 +229,10 @@ def plan_kda(p: KdaProblem, sm_count: int, warps: int | None = None, stages: int
     if not is_int(warps) or warps not in (1, 2, 4, 8) or 16 * warps > K:
         raise ValueError(f"warps must be 1, 2, 4 or 8 with 16·warps <= {K}; got {warps!r}")
     stages = stages or DEFAULT_STAGES[C]
-    # wgmma for the segment passes (several CTAs an SM: its throughput pays), at its shapes
-    wgmma = bool(segments.chunks) and warps % 4 == 0 and K == 128 and C == 16 and not SPLIT_S
+    # wgmma, at its shapes, for the segment passes (several CTAs an SM: its throughput pays) and for
+    # two warpgroups a CTA (8 warps: its fewer instructions pay); one warpgroup walking a chain is
+    # faster on mma.sync (docs/PERFLOG.md, sessions 20 and 21)
+    wgmma = (bool(segments.chunks) or warps == 8) and warps % 4 == 0 and K == 128 and C == 16 and not SPLIT_S
     return KdaPlan(warps=warps, stages=stages, chunk_slots=chunk_bound(p),
                    prep_smem=_above_static_margin(prepare_smem_bytes(K, C, bounded_gate(p))),
                    rec_smem=_above_static_margin(recurrence_smem_bytes(K, C, warps, stages)), segments=segments,
