@@ -81,10 +81,10 @@ def test_warpgroup_products_match_reference(layout, seg, v_first):
         assert torch.isfinite(o).all(), f"every output row written ({warps} warps)"
         assert rel(o, o_ref) <= TOL and rel(fs, s_ref) <= TOL, (warps, rel(o, o_ref), rel(fs, s_ref))
         results[warps] = o, fs
-    same, other = ((4, 8), 2) if seg else ((2, 4), 8)   # wgmma in segments at 4 and 8 warps, serially at 8
-    assert torch.equal(results[same[0]][0], results[same[1]][0]) and torch.equal(results[same[0]][1], results[same[1]][1])
+    (a, b), other = ((4, 8), 2) if seg else ((2, 4), 8)   # wgmma in segments at 4 and 8 warps, serially at 8
+    assert torch.equal(results[a][0], results[b][0]) and torch.equal(results[a][1], results[b][1])
     o2, fs2 = results[other]
-    assert rel(results[same[0]][0], f64(o2)) <= 2e-3 and rel(results[same[0]][1], f64(fs2)) <= 2e-3
+    assert rel(results[a][0], f64(o2)) <= 2e-3 and rel(results[a][1], f64(fs2)) <= 2e-3
 
 
 def test_scan_candidates_fewer_than_the_sequences():
