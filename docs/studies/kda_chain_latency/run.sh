@@ -6,7 +6,7 @@ R=$PWD
 rm -rf .dev/head .dev/patched && mkdir -p .dev/head .dev/patched
 cp -r pykda templates src tests .dev/head/
 cp -r pykda templates src tests .dev/patched/
-git apply --directory=.dev/patched docs/studies/kda_chain_latency/decay_overlap.patch
+git apply --directory=.dev/patched docs/studies/kda_chain_latency/chain_overlap.patch
 # 1. GPU tests and racecheck of the patched kernels
 (cd .dev/patched && PYTHONPATH=$PWD python -m pytest -q -x -m gpu tests/test_kda_segments_gpu.py tests/test_kda_gpu.py 2>&1 | tail -2)
 (cd .dev/patched && PYTHONPATH=$PWD PYKDA_SANITIZE=1 /usr/local/cuda/bin/compute-sanitizer --tool racecheck \
