@@ -94,6 +94,7 @@ TESTS = (
     "tests/test_kda_segments_gpu.py::test_segments_match_reference[128-32-batch-bfloat16-1]",
     "tests/test_kda_segments_gpu.py::test_segments_on_the_state_pool_in_place[float32]",
     "tests/test_kda_segments_gpu.py::test_warpgroup_products_match_reference[varlen-3-False]",   # wgmma, K-first
+    "tests/test_kda_segments_gpu.py::test_warpgroup_products_match_reference[batch-0-True]",    # 8-warp chain on wgmma
     "tests/test_kda_segments_gpu.py::test_bf16_checkpoints_of_fp32_states_are_the_fp32_ones_rounded[True-3]",   # varlen
     # a rank's slice (context parallelism): pass 1 of every segment, both rank scans, pass 2
     "tests/test_kda_cp_gpu.py::test_slices_join_into_the_whole_sequence[softplus-128-16-3]",
