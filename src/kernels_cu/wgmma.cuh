@@ -18,6 +18,8 @@ PYKDA_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "
 PYKDA_DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 // Every committed group done: its accumulators readable, its shared memory free.
 PYKDA_DEVICE void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Every committed group but the newest done.
+PYKDA_DEVICE void wgmma_wait_all_but_last() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 // Registers pinned where they stand: the compiler neither recomputes an A fragment into the
 // registers of one still being read by an earlier wgmma (ptxas then serializes the wgmmas) nor
 // moves accumulator reads across the wait.
