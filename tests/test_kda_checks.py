@@ -6,8 +6,8 @@ import pytest
 
 import pykda
 from pykda import registry
-from pykda.ops.kda import (KdaProblem, bounded_gate, kda_specs, plan_kda, prepare_smem_bytes, record_bytes,
-                           recurrence_smem_bytes, validate_kda)
+from pykda.ops.kda import (WGMMA_CHAINS_SHARE, KdaProblem, bounded_gate, kda_specs, plan_kda, prepare_smem_bytes,
+                           record_bytes, recurrence_smem_bytes, validate_kda)
 from pykda.ops.kda_variant import SAFE_GATE_FLAGS, KdaFlags, KdaVariant, resolve_variant
 from fakes import BASE, device_array as arr, offline_runtime
 
@@ -417,8 +417,11 @@ H200_SMS = 132
 
 @pytest.mark.parametrize("B, T, H, K, N, varlen, warps", [
     (1, 8192, 64, 128, 1, False, 4),     # 64 heads x 2 splits = 128 CTAs
-    (1, 8192, 96, 128, 1, False, 2),     # 96 x 2 = 192 fills 60 SMs twice, 72 once: 96 x 4 = 384 evenly
-    (2, 8192, 96, 128, 2, False, 4),     # likewise, from 8 warps (2 x 96 CTAs)
+    (1, 8192, 96, 128, 1, False, 8),     # 96 chains on wgmma (73 % of the SMs) beat 96 x 4 = 384 CTAs
+    (1, 8192, 88, 128, 1, False, 2),     # 88 chains (67 %): 88 x 2 = 176 fills 44 SMs twice: 88 x 4 = 352
+    (1, 8192, 96, 64, 1, False, 2),      # no wgmma at K 64: 96 x 2 = 192 CTAs
+    (2, 8192, 96, 128, 2, False, 8),     # 2 x 96 chains on wgmma: not halved to 4 warps
+    (2, 8192, 48, 128, 2, False, 8),
     (1, 8192, 40, 128, 1, False, 2),     # 40 x 4 = 160: 1 warp would even it out, but is not tried
     (1, 8192, 64, 128, 6, True, 8),      # 384 sequence-heads: no split needed
     (1, 32768, 8, 128, 1, False, 1),     # 8 x 8 = 64: as fine as it goes
@@ -430,7 +433,8 @@ def test_plan_splits_v_to_fill_the_gpu(B, T, H, K, N, varlen, warps):
     plan = plan_kda(p, H200_SMS, segment_chunks=0)
     assert plan.warps == warps and plan.v_split == 16 * warps and K % plan.v_split == 0
     ctas = N * H * (K // plan.v_split)
-    assert ctas >= 0.9 * H200_SMS or plan.warps == 1
+    assert ctas >= 0.9 * H200_SMS or plan.warps == 1 or (plan.wgmma and ctas >= WGMMA_CHAINS_SHARE * H200_SMS)
+    assert plan.wgmma == (plan.warps == 8 and K == 128)
 
 
 @pytest.mark.parametrize("K, C, seg, warps, wgmma", [

@@ -198,6 +198,13 @@ def plan_segments(p: "KdaProblem", sm_count: int, segment_chunks: int | None, lo
 HALVED_WARPS_SPEED = 0.84
 
 
+# chains of 8 warps on wgmma (one CTA a chain, one an SM) walk their chunks fast enough to beat a
+# V split over more CTAs once they cover this share of the SMs (H200, softplus gate: H=96 T=8192
+# 0.834 ms against 0.870 at 2 warps; 2 x 96 chains of 4096 0.855 against 0.956 at 4; but 64 chains
+# of 8192 at H=64 0.680 against 0.579 at 4 warps)
+WGMMA_CHAINS_SHARE = 0.7
+
+
 def wave_balance(ctas: int, sm_count: int) -> float:
     """How full the SMs' last round is: `ctas` spread over `sm_count` SMs, each running
     ceil(ctas / sm_count) at most (1.0: every SM the same number)."""
@@ -210,8 +217,10 @@ def plan_kda(p: KdaProblem, sm_count: int, warps: int | None = None, stages: int
     splits covers ~all SMs (90%; 16 rows minimum), and once more where chains of one length
     would leave the SMs' last round unevenly full (H=96: 192 CTAs on 132 SMs, 60 of them with
     two) and twice the CTAs even it out enough to pay for the halved warps (not to one warp, nor
-    with segments, which size their own wave: unmeasured)."""
+    with segments, which size their own wave: unmeasured). Where wgmma takes the shapes, chains of
+    8 warps on it (no split) win over both once they cover WGMMA_CHAINS_SHARE of the SMs."""
     K, C = p.head_dim, p.chunk
+    wgmma_shapes = K == 128 and C == 16 and not SPLIT_S
     if segment_chunks is not None:
         if not is_int(segment_chunks) or segment_chunks < 0:
             raise ValueError(f"segment_chunks must be a non-negative int (0: no segments); got {segment_chunks!r}")
@@ -223,7 +232,9 @@ def plan_kda(p: KdaProblem, sm_count: int, warps: int | None = None, stages: int
         ctas = lambda w: chains * p.heads * (K // (16 * w))   # noqa: E731
         i = next((i for i, w in enumerate(options) if ctas(w) >= 0.9 * sm_count), len(options) - 1)
         warps = options[i]
-        if not p.varlen and not segments.chunks and i + 1 < len(options) and options[i + 1] >= 2 and \
+        if wgmma_shapes and not segments.chunks and ctas(8) >= WGMMA_CHAINS_SHARE * sm_count:
+            warps = 8   # two warpgroups a chain on wgmma
+        elif not p.varlen and not segments.chunks and i + 1 < len(options) and options[i + 1] >= 2 and \
                 HALVED_WARPS_SPEED * wave_balance(ctas(options[i + 1]), sm_count) > wave_balance(ctas(warps), sm_count):
             warps = options[i + 1]   # chains of one length: twice the CTAs spread evenly enough to pay
     if not is_int(warps) or warps not in (1, 2, 4, 8) or 16 * warps > K:
@@ -232,7 +243,7 @@ def plan_kda(p: KdaProblem, sm_count: int, warps: int | None = None, stages: int
     # wgmma, at its shapes, for the segment passes (several CTAs an SM: its throughput pays) and for
     # two warpgroups a CTA (8 warps: its fewer instructions pay); one warpgroup walking a chain is
     # faster on mma.sync (docs/PERFLOG.md, sessions 20 and 21)
-    wgmma = (bool(segments.chunks) or warps == 8) and warps % 4 == 0 and K == 128 and C == 16 and not SPLIT_S
+    wgmma = (bool(segments.chunks) or warps == 8) and warps % 4 == 0 and wgmma_shapes
     return KdaPlan(warps=warps, stages=stages, chunk_slots=chunk_bound(p),
                    prep_smem=_above_static_margin(prepare_smem_bytes(K, C, bounded_gate(p))),
                    rec_smem=_above_static_margin(recurrence_smem_bytes(K, C, warps, stages)), segments=segments,
