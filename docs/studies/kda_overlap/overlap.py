@@ -24,17 +24,17 @@ s_lo = torch.cuda.Stream(priority=0)
 s_hi = torch.cuda.Stream(priority=-1)
 main = torch.cuda.current_stream()
 
-def rows(H, T):
+def rows(H, T, warps=None):
     x, params, cu, h0 = _inputs(H, [T], False)
     seq = [x[n] for n in ("q", "k", "v", "g", "beta")]
-    f = lambda: pykda.chunk_kda(*seq, **params, **FLAGS["softplus"], state_v_first=True)
+    f = lambda: pykda.chunk_kda(*seq, **params, **FLAGS["softplus"], state_v_first=True, warps=warps)
     f()
     cv, values, launches = captured["x"]
     assert len(launches) == 2, len(launches)
     nbytes = -(-T // 16) * H * record_bytes(128, 16) + 4096
     recb = torch.empty(2, nbytes, dtype=torch.uint8, device="cuda")
     W = [recb[0].data_ptr(), recb[1].data_ptr()]
-    print(f"H={H} T={T}", flush=True)   # values[15]: the records workspace (CALL_VALUES)
+    print(f"H={H} T={T} warps={warps or 'auto'}", flush=True)   # values[15]: the records workspace (CALL_VALUES)
     def pack(ws):
         v = list(values); v[15] = ws
         cv.layout.pack_into(cv.buffer, 0, *v)
@@ -68,9 +68,10 @@ def rows(H, T):
     return res
 
 table = {}
-for H, T in [(96, 8192), (64, 8192), (32, 8192)]:   # (fewer heads: segments, four launches)
-    table[(H, T)] = rows(H, T)
-print("\n| H | T | prepare | recurrence | one stream | two streams (prep first) | (rec first) | chunk_kda |")
-for (H, T), r in table.items():
+# (fewer heads: segments, four launches); warps None: the planner's (8 on wgmma at H=96 since session 22)
+for H, T, warps in [(96, 8192, None), (96, 8192, 2), (64, 8192, None), (64, 8192, 8), (32, 8192, None)]:
+    table[(H, T, warps)] = rows(H, T, warps)
+print("\n| H | T | warps | prepare | recurrence | one stream | two streams (prep first) | (rec first) | chunk_kda |")
+for (H, T, warps), r in table.items():
     m = {k: min(v) for k, v in r.items()}
-    print(f"| {H} | {T} | " + " | ".join(f"{m[k]:.1f}" for k in r) + " |")
+    print(f"| {H} | {T} | {warps or 'auto'} | " + " | ".join(f"{m[k]:.1f}" for k in r) + " |")
