@@ -421,7 +421,7 @@ H200_SMS = 132
     (1, 8192, 88, 128, 1, False, 2),     # 88 chains (67 %): 88 x 2 = 176 fills 44 SMs twice: 88 x 4 = 352
     (1, 8192, 96, 64, 1, False, 2),      # no wgmma at K 64: 96 x 2 = 192 CTAs
     (2, 8192, 96, 128, 2, False, 8),     # 2 x 96 chains on wgmma: not halved to 4 warps
-    (2, 8192, 48, 128, 2, False, 8),
+    (2, 8192, 48, 128, 2, False, 8),     # 2 x 48 = 96 chains: the share counts sequences x heads
     (1, 8192, 40, 128, 1, False, 2),     # 40 x 4 = 160: 1 warp would even it out, but is not tried
     (1, 8192, 64, 128, 6, True, 8),      # 384 sequence-heads: no split needed
     (1, 32768, 8, 128, 1, False, 1),     # 8 x 8 = 64: as fine as it goes
