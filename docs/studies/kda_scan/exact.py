@@ -1,12 +1,16 @@
-"""chunk_kda o and final state on rows with many scan steps, saved to $OUT/<tag>.npz; `cmp` compares head.npz and new.npz bit for bit."""
+"""chunk_kda o and final state on rows with many scan steps: `exact.py TAG` saves them to $OUT/TAG.npz;
+`exact.py cmp A B` compares A.npz and B.npz (identical, or the largest difference relative to the
+array's largest magnitude)."""
 import os, sys
 import numpy as np, torch, pykda
 from pykda.bench.kda import FLAGS, _inputs
 tag = sys.argv[1]
 if tag == "cmp":
-    a, b = np.load(os.environ["OUT"] + "/head.npz"), np.load(os.environ["OUT"] + "/new.npz")
+    a, b = (np.load(os.environ["OUT"] + f"/{t}.npz") for t in sys.argv[2:4])
     for k in a.files:
-        print(k, "identical" if np.array_equal(a[k], b[k], equal_nan=True) else "DIFFERENT %.3e" % np.nanmax(np.abs(a[k] - b[k])))
+        same = np.array_equal(a[k], b[k], equal_nan=True)
+        print(sys.argv[2], sys.argv[3], k, "identical" if same else
+              "differ by %.3e of max |x|" % (np.nanmax(np.abs(a[k] - b[k])) / np.nanmax(np.abs(a[k]))))
     sys.exit()
 res = {}
 for name, H, lengths in [("h4", 4, [40000]), ("h1", 1, [131072]), ("var", 8, [30000] + [1024] * 7)]:
