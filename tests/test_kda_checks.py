@@ -581,20 +581,22 @@ WORKSPACE = 1 << 32
 
 
 class _Log(list):
-    """The launches, in order; `workspaces` the bytes of each workspace taken."""
+    """The launches, in order; `workspaces` the bytes of each workspace taken, `tmaps` the tensor
+    maps encoded (name, dims, strides, box)."""
     workspaces: list
+    tmaps: list
 
 
 @pytest.fixture
 def offline(monkeypatch):
     from pykda.ops import kda
     log = _Log()
-    log.workspaces = []
+    log.workspaces, log.tmaps = [], []
 
     def workspace(ref, stream, nbytes):
         log.workspaces.append(nbytes)
         return object(), WORKSPACE
-    offline_runtime(monkeypatch, log, workspace)
+    offline_runtime(monkeypatch, log, workspace, log.tmaps)
     kda.PREPARED.clear()   # prepared calls hold the fake kernels: none before, none left after
     yield log
     kda.PREPARED.clear()
@@ -648,7 +650,11 @@ def test_segmented_launch_sequence_offline(offline, varlen):
     records = -(-chunks * H * record_bytes(K, 16) // 256) * 256
     assert seg_args == (seg, 0, WORKSPACE + records)   # every sequence longer than a segment splits
     assert offline.workspaces == [records + maps * H * 2 * K * K * 4]
-    assert pass1[4] == pass2[4] and scan[4][:3] == (WORKSPACE + records, seg, 0)
+    assert pass1[4] == pass2[4] and scan[4][2:5] == (WORKSPACE + records, seg, 0)
+    # the scan's tensor maps: the slots' rows, boxes of 32 columns by K rows (M) and 16 (B)
+    rows = maps * H * 2 * K
+    assert [m for m in offline.tmaps if m[0] == "maps"] == [("maps", (K, rows), (4 * K,), (32, K)),
+                                                           ("maps", (K, rows), (4 * K,), (32, 16))]
 
 
 @pytest.mark.parametrize("T, seg, nseg", [(1000, 5, 13), (1000, None, 1), (0, None, 1)])

@@ -91,9 +91,18 @@ def map_bytes(K: int) -> int:
 
 
 def scan_smem_bytes(K: int) -> int:
-    """kda_segment_scan's dynamic shared memory: two stages of M [K][K+4] and 16 B rows, then the
-    state rows [2][16][K+4], fp32."""
-    return (2 * (K + 16) + 2 * 16) * (K + 4) * 4
+    """kda_segment_scan's dynamic shared memory: 1 KB to align to 1024 bytes, two stages of M
+    [K][K] and 16 B rows (fp32, as TMA writes them), then the state rows as bf16 hi and lo planes,
+    [2][2][16][K+8]."""
+    return 1024 + 2 * (K + 16) * K * 4 + 2 * 2 * 16 * (K + 8) * 2
+
+
+def scan_tensor_maps(p: "KdaProblem", map_slots: int) -> tuple[runtime.TiledMaps, runtime.TiledMaps]:
+    """The scan's two tensor maps over the map slots' rows (K fp32 columns, map_slots · H · 2V
+    rows): boxes of 32 columns by K rows (M) and by 16 rows (B), with the 128-byte swizzle."""
+    K = p.head_dim
+    dims, strides = (K, map_slots * p.heads * 2 * K), (K * 4,)
+    return tuple(runtime.TiledMaps("maps", "float32", dims, strides, (32, rows), swizzle=128) for rows in (K, 16))
 
 
 def recurrence_smem_bytes(K: int, C: int, warps: int, stages: int) -> int:
@@ -395,12 +404,12 @@ I32, I64, F32 = np.int32, np.int64, np.float32
 PREPARE_SIGNATURE = (int, I64, I64, I64) * 4 + (int, int, int, I32, I32, I32, F32, F32, int)
 RECURRENCE_SIGNATURE = (128, int, int, I32, I32, I32, int, I64, I64, I64, int, int, I32, int, I32, I32, I64, int,
                         I32, I32, int, int, I32, I64, I32)
-SCAN_SIGNATURE = (int, I32, I32, int, I32, I32, I32, int)
+SCAN_SIGNATURE = (128, 128, int, I32, I32, int, I32, I32, I32, int)
 # what a call gives its launches anew (runtime.CallValues), in this order; all else is the prepared call's
 CALL_VALUES = ("v_map", "q", "k", "g", "beta", "A_log", "dt_bias", "initial_state", "state_indices",
                "has_initial_state", "cu_seqlens", "out", "final_state", "checkpoints", "checkpoint_rows", "records",
-               "maps", "total", "start")
-CALL_SIGNATURE = (128,) + (int,) * 13 + (I64,) + (int,) * 4
+               "maps", "m_tmap", "b_tmap", "total", "start")
+CALL_SIGNATURE = (128,) + (int,) * 13 + (I64,) + (int,) * 2 + (128, 128) + (int,) * 2
 PER_CALL = {name: runtime.PerCall(i) for i, name in enumerate(CALL_VALUES)}
 
 
@@ -418,6 +427,7 @@ class KdaCall(NamedTuple):
     launches: tuple                  # prepare (with chunks), pass 1, the scans (segments; a rank's slice: the
                                      # scan of its map, then of the starts), the recurrence
     v_maps: runtime.TiledMaps | None   # None without tokens or sequences (the map is then never read)
+    scan_maps: tuple | None          # the scan's tensor maps over the map slots (scan_tensor_maps); None: no scan
     out_shape: tuple                 # of a new out: [B, T, H, V]
     pooled: bool                     # the final states go back into the pool (initial_state)
     new_final: bool                  # a final-state array is made by the call
@@ -509,7 +519,7 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
                        I32(pooled and state_indices.dtype == "int64"), I32(p.pool_rows),
                        I64(initial_state.strides[0] if pooled else H * K * K), at["has_initial_state"], seg_chunks,
                        split_above, at["maps"], at["checkpoints"], checkpoints[0], at["checkpoint_rows"], ckpt_bf16)
-    scan_args = (at["maps"], seg_chunks, split_above, at["cu_seqlens"], cu_is64, T32, N32)
+    scan_args = (at["m_tmap"], at["b_tmap"], at["maps"], seg_chunks, split_above, at["cu_seqlens"], cu_is64, T32, N32)
     values = runtime.CallValues(CALL_SIGNATURE)
     bound = functools.partial(bound_launch, device=q.device, values=values)
     launches = []
@@ -534,7 +544,8 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
         v_maps(v.ptr)   # the geometry checked (TensorMapError names v) before any launch
     want_final = bool(output_final_state) or final_state is not None or pooled
     nbytes, maps_at = _workspace_layout(p, plan)
-    return KdaCall(p, plan, values, tuple(launches), v_maps, (B, T, H, K), pooled,
+    scan_maps = scan_tensor_maps(p, seg.map_slots) if seg.chunks and seg.map_slots else None
+    return KdaCall(p, plan, values, tuple(launches), v_maps, scan_maps, (B, T, H, K), pooled,
                    want_final and final_state is None and not pooled, want_final and (output_final_state or not pooled),
                    (nbytes, maps_at if seg.chunks else None), checkpoints)
 
@@ -708,8 +719,10 @@ def _run(call: KdaCall, arrays: CallArrays, q, stream, out, initial_state, final
     strm = arrays.stream(stream)
     nbytes, maps_at = call.workspace
     ws_owner, records = runtime.workspace(q, strm, nbytes)   # held to the last launch
+    maps = 0 if maps_at is None else records + maps_at
+    scan_tmaps = tuple(m(maps) for m in call.scan_maps) if call.scan_maps else (bytes(128),) * 2
     values = (call.v_maps(v_p) if call.v_maps else bytes(128), q_p, k_p, g_p, b_p, a_p, dt_p, s0_p, idx_p, hi_p,
-              cu_p, o_p, fs_p, ck_p, ck_rows, records, 0 if maps_at is None else records + maps_at)   # CALL_VALUES
+              cu_p, o_p, fs_p, ck_p, ck_rows, records, maps, *scan_tmaps)   # CALL_VALUES
     if not call.plan.rank:
         call.values.launch(values + (0, 0), call.launches, strm)
     else:   # a rank's slice: up to the scan of its map, its start state from the caller, the last two launches
