@@ -130,6 +130,9 @@ def kda_specs(arch: str) -> Iterator[KernelSpec]:
                  for d in HEAD_DIMS for gate in GATES for beta in BETAS for norm in (False, True)
                  for gd in ("bfloat16", "float32") for bd in ("bfloat16", "float32")
                  if (gd == "bfloat16" or gate == "none") and (bd == "bfloat16" or beta == "prob")]
+    # one head (or two) of a long sequence: the scan in two levels (scan_groups)
+    problems += [problem(1, 1 << 20, 1, 128, 1, 16), problem(1, 1 << 19, 2, 128, 1, 16)]
+    problems += [problem(1, 32768, 1, d, 1, c) for d in HEAD_DIMS for c in CHUNK_SIZES]
     for p in problems:
         yield from specs_of(p, plan_kda(p, H200_SMS), arch)
     for d in HEAD_DIMS:   # every V split the planner (or the `warps` override) can pick, with and without segments

@@ -96,6 +96,7 @@ TESTS = (
     "tests/test_kda_segments_gpu.py::test_warpgroup_products_match_reference[varlen-3-False]",   # wgmma, K-first
     "tests/test_kda_segments_gpu.py::test_warpgroup_products_match_reference[batch-0-True]",    # 8-warp chain on wgmma
     "tests/test_kda_segments_gpu.py::test_bf16_checkpoints_of_fp32_states_are_the_fp32_ones_rounded[True-3]",   # varlen
+    "tests/test_kda_segments_gpu.py::test_two_level_scan_matches_reference[2-64-32]",   # the scan's three walks
     # a rank's slice (context parallelism): pass 1 of every segment, both rank scans, pass 2
     "tests/test_kda_cp_gpu.py::test_slices_join_into_the_whole_sequence[softplus-128-16-3]",
     "tests/test_kda_cp_gpu.py::test_slices_join_into_the_whole_sequence[safe-64-16-None]",

@@ -657,6 +657,31 @@ def test_segmented_launch_sequence_offline(offline, varlen):
                                                            ("maps", (K, rows), (4 * K,), (32, 16))]
 
 
+def test_two_level_scan_launch_sequence_offline(offline):
+    """One head of a long sequence: the scan in two levels (scan_groups), three launches: every
+    group's map ([B; M] rows, one CTA row a group), the groups' starts, every group's walk; each
+    group has a slot after the map slots, covered by the scan's tensor maps."""
+    from pykda.ops.kda import scan_groups
+    B, T, H, K, seg = 2, 20000, 1, 128, 4
+    a = good(B=B, T=T, H=H, K=K)
+    pykda.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"], **call_kwargs(a), segment_chunks=seg)
+    names = [entry[0] for entry in offline]
+    assert names == ["kda_prepare", "kda_recurrence"] + ["kda_segment_scan"] * 3 + ["kda_recurrence"]
+    per = -(-(-(-T // 16)) // seg)
+    g, groups = scan_groups(per - 2, B * H * 2 * K // 16, 132)
+    assert g and groups > 1 and (g - 1) * groups < per - 2 <= g * groups   # every step in one group
+    total, starts, walk = offline[2:5]
+    assert [s[5].param_dict["MODE"] for s in (total, starts, walk)] == ["group_total", "group_starts", "group_walk"]
+    assert (total[1], starts[1], walk[1]) == ((2 * K // 16 * B, H, groups), (K // 16 * B, H, 1), (K // 16 * B, H, groups))
+    map_slots = B * (per - 1)
+    for launch in (total, starts, walk):
+        assert launch[4][-4:-1] == (g, groups, map_slots)
+    rows = (map_slots + B * groups) * H * 2 * K
+    assert [m[1] for m in offline.tmaps if m[0] == "maps"] == [(K, rows)] * 2
+    records = offline.workspaces[0] - rows * K * 4
+    assert records > 0 and records % 256 == 0
+
+
 @pytest.mark.parametrize("T, seg, nseg", [(1000, 5, 13), (1000, None, 1), (0, None, 1)])
 def test_rank_slice_launch_sequence_offline(offline, T, seg, nseg):
     """A rank's slice: pass 1 maps every segment (RANK), the scan joins them into the slice's map,

@@ -120,6 +120,25 @@ def test_the_planner_segments_a_long_sequence_of_few_heads():
     assert rel(o, f64(o1)) <= 1e-3 and rel(fs, f64(fs1)) <= 1e-3
 
 
+@pytest.mark.parametrize("B, K, C", [(1, 128, 16), (2, 64, 32), (1, 64, 16), (2, 128, 32)])
+def test_two_level_scan_matches_reference(B, K, C):
+    """One head, segments of one chunk: the scan in two levels (groups composed at once, their
+    starts walked, each group walked from its start; the last group partial) against float64 and
+    the serial path."""
+    T, H = 2500, 1
+    x, s0 = make(B, T, H, K, seed=300 + B + K + C, state_dtype="float32")
+    args = [as_device_array(x[n], n) for n in ("q", "k", "v", "g", "beta")]
+    p = validate_kda(*args, None, None, None, None, None, None, None, None,
+                     KdaFlags(True, False, True, False, False, None), True, C)
+    seg = plan_kda(p, torch.cuda.get_device_properties(0).multi_processor_count, segment_chunks=1).segments
+    assert seg.groups > 1 and (seg.slots // B - 2) % seg.group_slots, "two levels, a partial last group"
+    o, fs, o1, fs1 = segmented_and_serial(x, SOFTPLUS, 1, initial_state=s0, output_final_state=True, chunk_size=C)
+    o_ref, s_ref = ref(x, None, s0, flags=SOFTPLUS)
+    assert torch.isfinite(o).all(), "every output row written"
+    assert rel(o, o_ref) <= TOL and rel(fs, s_ref) <= TOL
+    assert rel(o, f64(o1)) <= 2e-3 and rel(fs, f64(fs1)) <= 2e-3
+
+
 def test_the_planner_splits_only_the_long_sequences_of_a_varlen_batch():
     """Varlen, planned: the sequences longer than a share split (here 40000 and 3000 tokens),
     the short ones stay whole beside them; the output (poisoned first) and the final states

@@ -97,11 +97,11 @@ def scan_smem_bytes(K: int) -> int:
     return 1024 + 2 * (K + 16) * K * 4 + 2 * 2 * 16 * (K + 8) * 2
 
 
-def scan_tensor_maps(p: "KdaProblem", map_slots: int) -> tuple[runtime.TiledMaps, runtime.TiledMaps]:
-    """The scan's two tensor maps over the map slots' rows (K fp32 columns, map_slots · H · 2V
+def scan_tensor_maps(p: "KdaProblem", slots: int) -> tuple[runtime.TiledMaps, runtime.TiledMaps]:
+    """The scan's two tensor maps over the maps region's rows (K fp32 columns, slots · H · 2V
     rows): boxes of 32 columns by K rows (M) and by 16 rows (B), with the 128-byte swizzle."""
     K = p.head_dim
-    dims, strides = (K, map_slots * p.heads * 2 * K), (K * 4,)
+    dims, strides = (K, slots * p.heads * 2 * K), (K * 4,)
     return tuple(runtime.TiledMaps("maps", "float32", dims, strides, (32, rows), swizzle=128) for rows in (K, 16))
 
 
@@ -135,6 +135,13 @@ class KdaSegments:
     slots: int            # pass 2's segments (an upper bound with varlen)
     map_slots: int        # pass 1's map slots, every segment but each sequence's last (a bound likewise)
     scan_candidates: int  # sequences that may have 3 segments or more (a bound likewise)
+    group_slots: int = 0  # the scan in two levels (scan_groups): map slots a group; 0: one walk
+    groups: int = 0       # groups a candidate, each with a slot of its own after the map slots
+
+    @property
+    def region_slots(self) -> int:
+        """Slots of the workspace's maps region: the map slots, then the groups'."""
+        return self.map_slots + self.scan_candidates * self.groups
 
 
 NO_SEGMENTS = KdaSegments(0, 0, 0, 0, 0)
@@ -199,7 +206,28 @@ def plan_segments(p: "KdaProblem", sm_count: int, segment_chunks: int | None, lo
         bound = (cps + p.n_seq) // (max(split_above, 2 * segment_chunks) + 1) + 1   # kda_chunk.cuh, kda_scan_candidate
         return KdaSegments(segment_chunks, split_above, maps + p.n_seq, maps, min(bound, p.n_seq))
     per = max(1, -(-cps // segment_chunks))
-    return KdaSegments(segment_chunks, 0, p.batch * per, p.batch * (per - 1), p.batch)
+    group_slots, groups = scan_groups(per - 2, p.batch * p.heads * 2 * p.head_dim // 16, sm_count)
+    return KdaSegments(segment_chunks, 0, p.batch * per, p.batch * (per - 1), p.batch, group_slots, groups)
+
+
+# the two-level scan's two extra launches, in scan steps (a step: ~1.6 µs on the H200)
+SCAN_LAUNCH_STEPS = 2
+
+
+def scan_groups(steps: int, group_ctas: int, sm_count: int) -> tuple[int, int]:
+    """The scan in two levels for sequences of `steps` dependent steps (fixed lengths), as
+    (group_slots, groups), or (0, 0) where one walk is as short: every group of g slots composed
+    at once (g − 1 steps; `group_ctas` CTAs a group across the batch and heads, as many groups as
+    one wave holds), the groups' starts walked (groups − 1), then every group from its start (g):
+    2g + groups − 2 steps and two more launches."""
+    best = (steps, 0, 0)
+    for n in range(2, min(sm_count // max(group_ctas, 1), math.isqrt(2 * max(steps, 0))) + 1):
+        g = -(-steps // n)
+        groups = -(-steps // g)
+        cost = 2 * g + groups - 2 + 2 * SCAN_LAUNCH_STEPS
+        if cost < best[0]:
+            best = (cost, g, groups)
+    return best[1], best[2]
 
 
 # the recurrence at half the warps (twice the CTAs, each K-side record read by twice as many) and the
@@ -262,7 +290,8 @@ def plan_kda(p: KdaProblem, sm_count: int, warps: int | None = None, stages: int
 def kda_specs(p: KdaProblem, plan: KdaPlan, arch: str, split_s: bool | None = None,
               checkpoints: bool = False) -> tuple[runtime.KernelSpec, ...]:
     """(prepare, recurrence (writing checkpoints if asked)), then with segments (pass 1, scan of
-    the starts), and for a rank's slice (pass 1, scan of the slice's map, scan of the starts)."""
+    the starts, or its three walks in two levels), and for a rank's slice (pass 1, scan of the
+    slice's map, scan of the starts)."""
     split_s = SPLIT_S if split_s is None else split_s
     prep = runtime.KernelSpec.make("kda_prepare", {"K": p.head_dim, "C": p.chunk, "GROWTH_LIMIT": GROWTH_LIMIT,
                                                    "BOUNDED": bounded_gate(p), **p.variant.template_params()},
@@ -283,6 +312,8 @@ def kda_specs(p: KdaProblem, plan: KdaPlan, arch: str, split_s: bool | None = No
         return prep, recurrence(False), recurrence(True), scan("rank_total"), scan("rank_starts")
     if not plan.segments.chunks:
         return prep, recurrence(False)
+    if plan.segments.groups:
+        return prep, recurrence(False), recurrence(True), scan("group_total"), scan("group_starts"), scan("group_walk")
     return prep, recurrence(False), recurrence(True), scan("starts")
 
 
@@ -404,7 +435,7 @@ I32, I64, F32 = np.int32, np.int64, np.float32
 PREPARE_SIGNATURE = (int, I64, I64, I64) * 4 + (int, int, int, I32, I32, I32, F32, F32, int)
 RECURRENCE_SIGNATURE = (128, int, int, I32, I32, I32, int, I64, I64, I64, int, int, I32, int, I32, I32, I64, int,
                         I32, I32, int, int, I32, I64, I32)
-SCAN_SIGNATURE = (128, 128, int, I32, I32, int, I32, I32, I32, int)
+SCAN_SIGNATURE = (128, 128, int, I32, I32, int, I32, I32, I32, I32, I32, I64, int)
 # what a call gives its launches anew (runtime.CallValues), in this order; all else is the prepared call's
 CALL_VALUES = ("v_map", "q", "k", "g", "beta", "A_log", "dt_bias", "initial_state", "state_indices",
                "has_initial_state", "cu_seqlens", "out", "final_state", "checkpoints", "checkpoint_rows", "records",
@@ -439,7 +470,7 @@ class KdaCall(NamedTuple):
 def _workspace_layout(p: KdaProblem, plan: KdaPlan) -> tuple[int, int]:
     """(bytes, maps at): the (chunk slot, head) records, then the (map slot, head) maps, 256-byte aligned."""
     maps_at = -(-plan.chunk_slots * p.heads * record_bytes(p.head_dim, p.chunk) // 256) * 256
-    return max(maps_at + plan.segments.map_slots * p.heads * map_bytes(p.head_dim), 16), maps_at
+    return max(maps_at + plan.segments.region_slots * p.heads * map_bytes(p.head_dim), 16), maps_at
 
 
 def checkpoint_rows(p: KdaProblem, every: int, cu_seqlens_cpu=None) -> int:
@@ -526,15 +557,20 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
     if plan.chunk_slots > 0 and T > 0:
         launches.append(bound(specs[0], name="kda_prepare", sig=PREPARE_SIGNATURE, args=prepare_args,
                               grid=(plan.chunk_slots, H, 1), threads=PREP_THREADS, smem=plan.prep_smem))
-    if seg.chunks and seg.map_slots:   # segments: pass 1, (a rank's slice: the scan of its map), the scan of the starts
+    if seg.chunks and seg.map_slots:   # segments: pass 1, then the scans
         launches.append(bound(specs[2], name="kda_recurrence", sig=RECURRENCE_SIGNATURE, args=recurrence_args,
                               grid=_slot_major(2 * rows, H, seg.map_slots), threads=rec_threads, smem=plan.rec_smem))
-        if rank:   # [B; M] rows
-            launches.append(bound(specs[3], name="kda_segment_scan", sig=SCAN_SIGNATURE,
-                                  args=scan_args + (at["total"],), grid=(2 * K // 16 * seg.scan_candidates, H, 1),
-                                  threads=2 * K, smem=scan_smem_bytes(K)))
-        launches.append(bound(specs[-1], name="kda_segment_scan", sig=SCAN_SIGNATURE, args=scan_args + (at["start"],),
-                              grid=(K // 16 * seg.scan_candidates, H, 1), threads=2 * K, smem=scan_smem_bytes(K)))
+        groups = (I32(seg.group_slots), I32(seg.groups), I64(seg.map_slots))
+
+        def scan(spec, rows, z, rank_rows):   # rows per (candidate, head), z: groups or 1
+            return bound(spec, name="kda_segment_scan", sig=SCAN_SIGNATURE, args=scan_args + groups + (rank_rows,),
+                         grid=(rows // 16 * seg.scan_candidates, H, z), threads=2 * K, smem=scan_smem_bytes(K))
+        if rank:   # the slice's map ([B; M] rows), then the starts
+            launches += [scan(specs[3], 2 * K, 1, at["total"]), scan(specs[4], K, 1, at["start"])]
+        elif seg.groups:   # the groups' maps ([B; M] rows), their starts, every group's walk
+            launches += [scan(specs[3], 2 * K, seg.groups, 0), scan(specs[4], K, 1, 0), scan(specs[5], K, seg.groups, 0)]
+        else:
+            launches.append(scan(specs[3], K, 1, 0))
     slots = seg.slots if seg.chunks else N
     launches.append(bound(specs[1], name="kda_recurrence", sig=RECURRENCE_SIGNATURE, args=recurrence_args,
                           grid=_slot_major(rows, H, slots), threads=rec_threads, smem=plan.rec_smem))
@@ -544,7 +580,7 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
         v_maps(v.ptr)   # the geometry checked (TensorMapError names v) before any launch
     want_final = bool(output_final_state) or final_state is not None or pooled
     nbytes, maps_at = _workspace_layout(p, plan)
-    scan_maps = scan_tensor_maps(p, seg.map_slots) if seg.chunks and seg.map_slots else None
+    scan_maps = scan_tensor_maps(p, seg.region_slots) if seg.chunks and seg.map_slots else None
     return KdaCall(p, plan, values, tuple(launches), v_maps, scan_maps, (B, T, H, K), pooled,
                    want_final and final_state is None and not pooled, want_final and (output_final_state or not pooled),
                    (nbytes, maps_at if seg.chunks else None), checkpoints)
