@@ -11,8 +11,10 @@ validate -> plan (V split, pipeline) -> specs -> kernels -> workspace + tensor m
 Long sequences, where the chain of chunks would dominate, run in segments of `seg_chunks` chunks
 (DESIGN.md, "Segments and ranks"; `plan_segments` decides): `kda_recurrence` pass 1 (MAP) computes
 every segment's affine map [B; M] from zero in parallel, `kda_segment_scan` joins them into the
-segments' start states, and pass 2 (the kernel of step 2, one CTA per segment) writes the outputs
-and the final state.
+segments' start states (its stages filled by TMA over the maps; for a few long sequences in two
+levels, `scan_groups`: groups of maps composed at once, their starts walked, each group walked
+from its start), and pass 2 (the kernel of step 2, one CTA per segment) writes the outputs and the
+final state.
 
 Every kernel finds its sequence, chunk records and segments from cu_seqlens on the device
 (kda_chunk.cuh: sequence n's records start at slot floor(cu[n] / C) + n, no prefix sum needed),
