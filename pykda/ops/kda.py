@@ -460,7 +460,7 @@ class KdaCall(NamedTuple):
     launches: tuple                  # prepare (with chunks), pass 1, the scans (segments; a rank's slice: the
                                      # scan of its map, then of the starts), the recurrence
     v_maps: runtime.TiledMaps | None   # None without tokens or sequences (the map is then never read)
-    scan_maps: tuple | None          # the scan's tensor maps over the map slots (scan_tensor_maps); None: no scan
+    scan_maps: tuple | None          # the scan's tensor maps over the maps region (scan_tensor_maps); None: no scan
     out_shape: tuple                 # of a new out: [B, T, H, V]
     pooled: bool                     # the final states go back into the pool (initial_state)
     new_final: bool                  # a final-state array is made by the call
@@ -555,7 +555,7 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
     scan_args = (at["m_tmap"], at["b_tmap"], at["maps"], seg_chunks, split_above, at["cu_seqlens"], cu_is64, T32, N32)
     values = runtime.CallValues(CALL_SIGNATURE)
     bound = functools.partial(bound_launch, device=q.device, values=values)
-    launches = []
+    launches, scan_maps = [], None
     if plan.chunk_slots > 0 and T > 0:
         launches.append(bound(specs[0], name="kda_prepare", sig=PREPARE_SIGNATURE, args=prepare_args,
                               grid=(plan.chunk_slots, H, 1), threads=PREP_THREADS, smem=plan.prep_smem))
@@ -563,6 +563,7 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
         launches.append(bound(specs[2], name="kda_recurrence", sig=RECURRENCE_SIGNATURE, args=recurrence_args,
                               grid=_slot_major(2 * rows, H, seg.map_slots), threads=rec_threads, smem=plan.rec_smem))
         groups = (I32(seg.group_slots), I32(seg.groups), I64(seg.map_slots))
+        scan_maps = scan_tensor_maps(p, seg.region_slots)
 
         def scan(spec, rows, z, rank_rows):   # rows per (candidate, head), z: groups or 1
             return bound(spec, name="kda_segment_scan", sig=SCAN_SIGNATURE, args=scan_args + groups + (rank_rows,),
@@ -582,7 +583,6 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
         v_maps(v.ptr)   # the geometry checked (TensorMapError names v) before any launch
     want_final = bool(output_final_state) or final_state is not None or pooled
     nbytes, maps_at = _workspace_layout(p, plan)
-    scan_maps = scan_tensor_maps(p, seg.region_slots) if seg.chunks and seg.map_slots else None
     return KdaCall(p, plan, values, tuple(launches), v_maps, scan_maps, (B, T, H, K), pooled,
                    want_final and final_state is None and not pooled, want_final and (output_final_state or not pooled),
                    (nbytes, maps_at if seg.chunks else None), checkpoints)
