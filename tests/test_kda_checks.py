@@ -616,7 +616,7 @@ def test_launch_sequence_offline(offline, varlen, state):
     names = [entry[0] for entry in offline]
     assert names == ["kda_prepare", "kda_recurrence"]   # sequences found from cu_seqlens on the device
     prep, rec = offline[-2], offline[-1]
-    assert prep[1] == (7 + N if varlen else B * 7, H, 1)
+    assert prep[1] == (H, 7 + N if varlen else B * 7, 1)   # heads fastest (few heads)
     warps = rec[2][0] // 32 - 1
     assert rec[1] == (K // (16 * warps), H, N)
     assert tuple(o.shape) == (B, T, H, K)
@@ -990,6 +990,19 @@ def test_recurrence_grid_is_slot_major_within_grid_z():
     assert kda._slot_major(2, 8, 65535) == (2, 8, 65535)
     assert kda._slot_major(2, 8, 65536) == (2 * 65536, 8, 1)   # the kernel reads the slot from x then
 
+
+
+def test_prepare_grid_orders_heads_fastest_for_few_heads_within_grid_y():
+    from pykda.ops import kda
+    assert kda.prepare_grid(96, 512, False) == (512, 96, 1) and kda.prepare_grid(96, 70000, False) == (70000, 96, 1)
+    assert kda.prepare_grid(8, 512, True) == (8, 512, 1)
+    assert kda.prepare_grid(1, 65535, True) == (1, 65535, 1)
+    for slots in (65536, 65538, 3 * 65535 + 1, (1 << 31) - 1):   # the kernel's slot: y + z·gridDim.y
+        h, y, z = kda.prepare_grid(4, slots, True)
+        assert h == 4 and y <= 65535 and z <= 65535 and slots <= y * z < slots + z, slots
+    softplus = KdaVariant("softplus", "logit", True, "bfloat16", "bfloat16", 0.0)
+    problems = [KdaProblem(1, 8192, H, 128, 1, False, 16, "float32", softplus, True, 1) for H in (1, 16, 17, 96)]
+    assert [kda.heads_fastest(p) for p in problems] == [True, True, False, False]
 
 # fla 0.6.0's positional parameters (fla.ops.kda.chunk_kda, fused_recurrent_kda): a call by position
 # must mean the same to both libraries

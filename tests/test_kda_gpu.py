@@ -119,6 +119,22 @@ def test_planner_overrides_give_the_same_answer(warps, stages, C):
     assert rel(o, o_ref) <= TOL and rel(fs, s_ref) <= TOL
 
 
+def test_chunk_slots_past_grid_y():
+    """More chunk slots than grid y holds (65535): kda_prepare's grid takes them in two z planes
+    (prepare_grid), the last CTA past the slots. Two sequences of 32769 chunks in one batch
+    (65538 slots, the second sequence in the z = 1 plane) give what each gives alone (32769 slots,
+    one plane), bit for bit: the same kernels (serial walk, one warp) on the same chunks."""
+    T = 16 * 32768 + 16
+    x, s0 = make(2, T, 1, 64, seed=21, state_dtype="float32")
+    out = torch.full((2, T, 1, 64), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kw = dict(flags=SOFTPLUS, output_final_state=True, segment_chunks=0, warps=1)
+    o, fs = run(x, initial_state=s0, out=out, **kw)
+    for b in range(2):
+        one = {n: (t[b:b + 1] if t.dim() >= 3 else t) for n, t in x.items()}
+        o1, fs1 = run(one, initial_state=s0[b:b + 1], **kw)
+        assert torch.equal(o[b:b + 1], o1) and torch.equal(fs[b:b + 1], fs1), b
+
+
 def test_small_against_reference_no_state():   # the racecheck case (-k small)
     x, _ = make(1, 40, 1, 64, seed=3)
     o, _ = run(x)

@@ -2,7 +2,7 @@
 
 validate -> plan (V split, pipeline) -> specs -> kernels -> workspace + tensor map -> launch:
 
-1. `kda_prepare`, grid (chunk slots, H): token-parallel per (chunk, head) — L2 norm, gate,
+1. `kda_prepare`, grid (chunk slots, H) or heads fastest: token-parallel per (chunk, head) — L2 norm, gate,
    sigmoid(beta), fp32 cumsum, decayed q/k, L and Mqk (mma.sync), (I + L)^-1 — one record per
    (chunk, head) in the workspace.
 2. `kda_recurrence`, grid (V / VS · sequences, H): the chunk recurrence with an fp32 state slice
@@ -153,7 +153,7 @@ NO_SEGMENTS = KdaSegments(0, 0, 0, 0, 0)
 class KdaPlan:
     warps: int            # consumer warps per recurrence CTA; VS = 16·warps state rows
     stages: int
-    chunk_slots: int      # grid x of kda_prepare (an upper bound on the chunk count with varlen)
+    chunk_slots: int      # kda_prepare's slots (prepare_grid; an upper bound on the chunk count with varlen)
     prep_smem: int
     rec_smem: int
     segments: KdaSegments = NO_SEGMENTS
@@ -296,7 +296,8 @@ def kda_specs(p: KdaProblem, plan: KdaPlan, arch: str, split_s: bool | None = No
     slice's map, scan of the starts)."""
     split_s = SPLIT_S if split_s is None else split_s
     prep = runtime.KernelSpec.make("kda_prepare", {"K": p.head_dim, "C": p.chunk, "GROWTH_LIMIT": GROWTH_LIMIT,
-                                                   "BOUNDED": bounded_gate(p), **p.variant.template_params()},
+                                                   "BOUNDED": bounded_gate(p), "HEADS_FASTEST": heads_fastest(p),
+                                                   **p.variant.template_params()},
                                    arch, kernels=("kda_prepare",))
 
     def recurrence(map_pass: bool) -> runtime.KernelSpec:
@@ -446,6 +447,28 @@ CALL_SIGNATURE = (128,) + (int,) * 13 + (I64,) + (int,) * 2 + (128, 128) + (int,
 PER_CALL = {name: runtime.PerCall(i) for i, name in enumerate(CALL_VALUES)}
 
 
+# kda_prepare's CTAs in heads-fastest order up to this many heads (H200, prepare µs, chunks fastest ->
+# heads fastest, softplus / safe gate: H=4 T=262144 593 -> 583 / -, H=8 T=131072 594 -> 582 / 578 -> 568,
+# H=16 T=65536 600 -> 583 / -, varlen H=8 995 -> 977 / -; but H=64 T=8192 301 -> 300 / 289 -> 300 and
+# H=96 452 -> 447 / 432 -> 453)
+HEADS_FASTEST_MAX = 16
+
+
+def heads_fastest(p: "KdaProblem") -> bool:
+    """Whether kda_prepare's CTAs go heads fastest (few heads: the CTAs in flight read whole token
+    rows of q, k and g) or chunks fastest (many heads)."""
+    return p.heads <= HEADS_FASTEST_MAX
+
+
+def prepare_grid(heads: int, slots: int, by_heads: bool) -> tuple[int, int, int]:
+    """kda_prepare's grid: chunks fastest (slots, H, 1); or heads fastest (H, slots, 1), past grid
+    y's 65535 the slots as y + z·y_dim, (H, ceil(slots / z), z) (the few CTAs past the last slot exit)."""
+    if not by_heads:
+        return slots, heads, 1
+    z = -(-slots // 65535)
+    return heads, -(-slots // z), z
+
+
 def _slot_major(rows: int, heads: int, slots: int) -> tuple[int, int, int]:
     """kda_recurrence's grid: (rows, H, slots), slots outermost (CTAs in flight share chunks across
     heads); (rows · slots, H, 1) where slots exceed grid z's 65535."""
@@ -558,7 +581,8 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
     launches, scan_maps = [], None
     if plan.chunk_slots > 0 and T > 0:
         launches.append(bound(specs[0], name="kda_prepare", sig=PREPARE_SIGNATURE, args=prepare_args,
-                              grid=(plan.chunk_slots, H, 1), threads=PREP_THREADS, smem=plan.prep_smem))
+                              grid=prepare_grid(H, plan.chunk_slots, heads_fastest(p)), threads=PREP_THREADS,
+                              smem=plan.prep_smem))
     if seg.chunks and seg.map_slots:   # segments: pass 1, then the scans
         launches.append(bound(specs[2], name="kda_recurrence", sig=RECURRENCE_SIGNATURE, args=recurrence_args,
                               grid=_slot_major(2 * rows, H, seg.map_slots), threads=rec_threads, smem=plan.rec_smem))
