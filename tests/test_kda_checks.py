@@ -991,7 +991,6 @@ def test_recurrence_grid_is_slot_major_within_grid_z():
     assert kda._slot_major(2, 8, 65536) == (2 * 65536, 8, 1)   # the kernel reads the slot from x then
 
 
-
 def test_prepare_grid_orders_heads_fastest_for_few_heads_within_grid_y():
     from pykda.ops import kda
     assert kda.prepare_grid(96, 512, False) == (512, 96, 1) and kda.prepare_grid(96, 70000, False) == (70000, 96, 1)
@@ -1003,6 +1002,7 @@ def test_prepare_grid_orders_heads_fastest_for_few_heads_within_grid_y():
     softplus = KdaVariant("softplus", "logit", True, "bfloat16", "bfloat16", 0.0)
     problems = [KdaProblem(1, 8192, H, 128, 1, False, 16, "float32", softplus, True, 1) for H in (1, 16, 17, 96)]
     assert [kda.heads_fastest(p) for p in problems] == [True, True, False, False]
+
 
 # fla 0.6.0's positional parameters (fla.ops.kda.chunk_kda, fused_recurrent_kda): a call by position
 # must mean the same to both libraries
