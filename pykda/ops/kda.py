@@ -71,7 +71,7 @@ def record_bytes(K: int, C: int) -> int:
 
 def prepare_smem_bytes(K: int, C: int, bounded: bool) -> int:
     """All of kda_prepare's shared memory is dynamic (SMEM_BYTES in the template)."""
-    return (3 if bounded else 4) * C * (K + 8) * 4 + C * (C + 1) * 4 + K * 4 + C * 4 + 2 * C * C * 2
+    return (3 if bounded else 4) * C * (K + 8) * 4 + C * (C + 1) * 4 + (K + K // 8) * 4 + C * 4 + 2 * C * C * 2
 
 
 def bounded_gate(p: "KdaProblem") -> bool:

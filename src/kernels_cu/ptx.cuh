@@ -86,6 +86,14 @@ PYKDA_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "m
 // Shared memory written by ordinary stores and read next by the async proxy needs this fence.
 PYKDA_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
+// Four floats into shared memory (16-byte aligned) as one 128-bit store, whichever registers hold them:
+// ptxas splits a float4 store whose values do not sit in one aligned register quad into four 32-bit
+// stores, each a wavefront where lanes' addresses are 16-byte pieces apart.
+PYKDA_DEVICE void st_shared_v4(float* p, float a, float b, float c, float d) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(smem_addr(p)), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
+}
+
 // Named barrier over `count` threads (a multiple of 32), id 1..15 (0 is __syncthreads).
 PYKDA_DEVICE void named_barrier(int id, int count) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");

@@ -20,16 +20,16 @@ PYTHONPATH=. /usr/local/cuda/bin/ncu --clock-control none --kernel-name regex:kd
   --launch-count 1 --section SourceCounters --page source --print-source sass --csv \
   python "$OUT/two_calls.py" > "$OUT/source.csv"
 python - "$OUT/source.csv" <<'PY'
-import csv, re, sys
+import csv, sys
 rows = list(csv.reader(line for line in open(sys.argv[1]) if line.startswith('"')))
-head, body = rows[0], rows[1:]
-want = [i for i, h in enumerate(head) if re.search(r"shared.*excessive|excessive.*shared", h, re.I)]
-src = next(i for i, h in enumerate(head) if re.search(r"^source$", h, re.I))
-print("columns:", [head[i] for i in want])
-num = lambda s: float(s.replace(",", "") or 0)
-body.sort(key=lambda r: -num(r[want[0]]))
-total = sum(num(r[want[0]]) for r in body)
-print(f"total {total:,.0f}")
-for r in body[:25]:
-    print(f"{num(r[want[0]]):>14,.0f}  {r[src][:90]}")
+at = next(i for i, r in enumerate(rows) if r and r[0] == "Address")   # a "Kernel Name" row comes first
+head, body = rows[at], [r for r in rows[at + 1:] if len(rows[at]) == len(r)]
+col = {h: j for j, h in enumerate(head)}
+num = lambda s: 0.0 if s in ("", "-") else float(s.replace(",", ""))
+ex, wf, n, src = (col[h] for h in ("L1 Wavefronts Shared Excessive", "L1 Wavefronts Shared", "Instructions Executed", "Source"))
+print(f"shared wavefronts {sum(num(r[wf]) for r in body):,.0f}, excessive {sum(num(r[ex]) for r in body):,.0f}")
+print(f"{'index':>5} {'excessive':>12} {'wavefronts':>12} {'executed':>10}  instruction")
+for k in sorted(range(len(body)), key=lambda k: -num(body[k][ex]))[:25]:
+    r = body[k]
+    print(f"{k:5d} {num(r[ex]):>12,.0f} {num(r[wf]):>12,.0f} {num(r[n]):>10,.0f}  {r[src].strip()[:80]}")
 PY
