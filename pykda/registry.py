@@ -38,8 +38,8 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
 
 def kda_decode_specs(arch: str) -> Iterator[KernelSpec]:
     from .ops.kda import HEAD_DIMS
-    from .ops.kda_decode import (INDEX_CTYPES, STATE_CTYPES, KdaDecodeProblem, default_stages, kda_decode_spec,
-                                 plan_kda_decode, tile_rows)
+    from .ops.kda_decode import (INDEX_CTYPES, MMA_MAX_TOKENS, STATE_CTYPES, KdaDecodeProblem,
+                                 default_stages, kda_decode_mma_spec, kda_decode_spec, plan_kda_decode, tile_rows)
     from .ops.kda_variant import BETAS, GATES, KdaVariant
     safe = KdaVariant("safe", "logit", True, "bfloat16", "bfloat16", -5.0)
     softplus = KdaVariant("softplus", "logit", True, "bfloat16", "bfloat16", 0.0)
@@ -69,6 +69,11 @@ def kda_decode_specs(arch: str) -> Iterator[KernelSpec]:
                     for tree in (verify, verify._replace(parent_cols=4, parent_dtype="int64")):
                         plan = plan_kda_decode(tree, H200_SMS, H200_SMEM_PER_SM)
                         yield kda_decode_spec(tree, plan.rpt, plan.stages, arch)
+        for variant in (safe, softplus, vllm):   # the tensor-core step: every token count it takes
+            for idx in INDEX_CTYPES:
+                for t in range(1, MMA_MAX_TOKENS + 1):
+                    yield kda_decode_mma_spec(KdaDecodeProblem(64, t, 32, dim, 64, 64, "bfloat16", idx, "int32",
+                                                               variant), arch)
         for gate in GATES:   # every gate mode, β form and dtype pair at the test shape
             for beta in BETAS:
                 for gd in ("bfloat16", "float32"):
@@ -80,6 +85,7 @@ def kda_decode_specs(arch: str) -> Iterator[KernelSpec]:
                             p = KdaDecodeProblem(1, 1, 4, dim, 1, 1, "float32", "int32", "int32", var)
                             rpt = next(r for r in (8, 4, 2, 1) if tile_rows(p, r) <= dim)
                             yield kda_decode_spec(p, rpt, default_stages(p, rpt, H200_SMEM_PER_SM), arch)
+                            yield kda_decode_mma_spec(p._replace(tokens=4, state_dtype="bfloat16"), arch)
 
 
 def kda_decode_kfirst_specs(arch: str, *variants) -> Iterator[KernelSpec]:

@@ -169,6 +169,15 @@ def test_decode_continues_a_prefill(gate, layout):
     assert reference.relative_error(f64(s_pre), f64(s_all)) < 1e-2
 
 
+def precompute_gate(x):
+    """vLLM's decode inputs in place: g the softplus gate's fp32 log-decay, β fp32 sigmoid(b), no
+    A_log or dt_bias."""
+    x["g"] = torch.tensor(reference.kda_gate(f64(x["g"]), f64(x["A_log"]), f64(x["dt_bias"]), None, "softplus"),
+                          dtype=torch.float32, device="cuda")
+    x["beta"] = torch.sigmoid(x["beta"].float())
+    del x["A_log"], x["dt_bias"]
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("gate", ["softplus", "none"])
 @pytest.mark.parametrize("state_dtype", ["float32", "bfloat16"])
@@ -182,10 +191,7 @@ def test_gate_modes_match_reference(gate, state_dtype, layout):
     x["g"][3:6] = 1e4   # decay exactly 0
     flags = GATE_FLAGS[gate]
     if gate == "none":
-        x["g"] = torch.tensor(reference.kda_gate(f64(x["g"]), f64(x["A_log"]), f64(x["dt_bias"]), None, "softplus"),
-                              dtype=torch.float32, device="cuda")
-        x["beta"] = torch.sigmoid(x["beta"].float())
-        del x["A_log"], x["dt_bias"]
+        precompute_gate(x)
     idx = torch.randperm(P, device="cuda")[:B].to(torch.int32)
     idx[7] = -1
     given = in_layout(pool, layout)
@@ -674,3 +680,47 @@ def test_tree_verify_starts_each_token_from_its_parent(state_dtype, layout, pare
     for m, (n, t, path) in enumerate(ends):
         assert torch.equal(out[0, path[-1]], o2[0, cu2[m + 1] - 1]), (n, t)
         assert torch.equal(buf[slots[n], t], chains[P + m]), (n, t)
+
+
+@pytest.mark.parametrize("K", [64, 128])
+@pytest.mark.parametrize("gate", ["safe", "softplus", "none"])
+@pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 8])
+def test_tensor_core_step_matches_reference_and_the_recurrent_kernel(T, gate, K, monkeypatch):
+    """kda_decode_mma (the planner's kernel for bf16 V-first pools and 2..8 tokens; T = 1 forced
+    here) against the float64 recurrence and, on the same inputs, the recurrent kernel
+    (rows_per_thread forces it): outputs poisoned first, padded and int64 rows, steep and exactly
+    zero decays, untouched rows kept, and with disable_state_update the pool only read."""
+    from pykda.ops import kda_decode as op
+    monkeypatch.setattr(op, "MMA_MIN_TOKENS", 1)
+    op.PREPARED.clear()   # no prepared call of another test's choice of kernel
+    B, H, P = 37, 3, 45
+    x, pool = make(B, T, H, K, P, "bfloat16", seed=700 + 10 * T + K)
+    flags = dict(GATE_FLAGS[gate])
+    if gate != "safe":   # decays from e^-1e-3 to exactly 0
+        x["g"] = (torch.rand(x["g"].shape, device="cuda") * 14 - 10).to(torch.bfloat16)
+        x["g"][2:4] = 1e4
+    if gate == "none":
+        precompute_gate(x)
+    idx = torch.randperm(P, device="cuda")[:B].to(torch.int64)
+    idx[[5, 11]] = -1
+    before = pool.clone()
+    out = torch.full((B, T, H, K), float("nan"), dtype=torch.bfloat16, device="cuda")
+    o = decode(x, flags, initial_state=pool, state_indices=idx, out=out)
+    assert op.PREPARED.last[1].plan.tensor_cores
+    o_ref, new = reference_step(x, before, idx.tolist(), flags=flags)
+    assert torch.isfinite(o).all() and torch.isfinite(pool).all()
+    assert reference.relative_error(f64(o), o_ref) < TOL["bfloat16"]
+    for r in range(P):
+        if r in new:
+            assert reference.relative_error(f64(pool[r]), new[r]) < TOL["bfloat16"], f"pool row {r}"
+        else:
+            assert torch.equal(pool[r], before[r]), f"untouched pool row {r} changed"
+    assert (o[[5, 11]] == 0).all()
+    rec_pool = before.clone()
+    o_rec = decode(x, flags, initial_state=rec_pool, state_indices=idx, rows_per_thread=1)
+    assert reference.relative_error(f64(o), f64(o_rec)) < 5e-3
+    assert reference.relative_error(f64(pool), f64(rec_pool)) < 5e-3
+    read_only = before.clone()
+    o_ro = decode(x, flags, initial_state=read_only, state_indices=idx, disable_state_update=True)
+    assert torch.equal(read_only, before) and torch.equal(o_ro, o)
+    op.PREPARED.clear()   # the forced T = 1 plans stay with this test

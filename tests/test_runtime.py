@@ -53,6 +53,16 @@ def test_compile_error_carries_the_nvrtc_log():
         runtime.compile_cubin('extern "C" __global__ void k() { undefined_thing(); }', "sm_90a")
 
 
+def test_cubin_is_the_whole_elf_image():
+    """CuPy's getCUBIN drops the cubin's last byte; compile_cubin puts it back (tools read the file)."""
+    from pykda.runtime.compile import whole_elf
+    cubin = runtime.compile_cubin('extern "C" __global__ void k(float* x) { x[threadIdx.x] = 1.f; }', "sm_90a")
+    assert cubin[:4] == b"\x7fELF" and whole_elf(cubin) == cubin
+    assert whole_elf(cubin[:-1]) == cubin and cubin[-1] == 0
+    with pytest.raises(runtime.CompileError, match="ELF headers span"):
+        whole_elf(cubin[:-2])
+
+
 def test_disk_cache_second_compile_skips_nvrtc(cache_dir):
     spec = _decode_spec()
     before = cache.stats["nvrtc_compiles"]

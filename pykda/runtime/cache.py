@@ -1,9 +1,9 @@
 """Compiled-kernel cache: in memory per process, on disk across processes.
 
 A disk entry is named by a hash of the rendered source, the compile options, the NVRTC
-version and the arch; it holds the cubin followed by its SHA-256, is written to a temporary
-file and renamed into place (readers never see half a file), and an entry that fails its
-checksum is recompiled with a warning.
+version, the arch and the entry format; it holds the cubin followed by its SHA-256, is written
+to a temporary file and renamed into place (readers never see half a file), and an entry that
+fails its checksum is recompiled with a warning.
 """
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from .spec import KernelSpec
 
 ENV_CACHE_DIR = "PYKDA_CACHE_DIR"
 _DIGEST = 32
+# 2: whole ELF images (compile.whole_elf); entries of format 1 held CuPy's one-byte-short cubins
+ENTRY_FORMAT = 2
 
 _modules: dict[tuple[KernelSpec, int], object] = {}
 _locks: dict[object, threading.Lock] = {}
@@ -39,7 +41,7 @@ def _lock(key) -> threading.Lock:
 
 def entry_path(source: str, arch: str) -> Path:
     h = hashlib.sha256()
-    for part in (source, "\0".join(compile_options(arch)), repr(nvrtc_version()), arch):
+    for part in (source, "\0".join(compile_options(arch)), repr(nvrtc_version()), arch, str(ENTRY_FORMAT)):
         h.update(part.encode())
         h.update(b"\0")
     return cache_dir() / f"{h.hexdigest()[:40]}.cubin"
