@@ -686,7 +686,7 @@ def test_tree_verify_starts_each_token_from_its_parent(state_dtype, layout, pare
 @pytest.mark.parametrize("gate", ["safe", "softplus", "none"])
 @pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 8])
 def test_tensor_core_step_matches_reference_and_the_recurrent_kernel(T, gate, K, monkeypatch):
-    """kda_decode_mma (the planner's kernel for bf16 V-first pools and 4..8 tokens; T = 1..3 forced
+    """kda_decode_mma (the planner's kernel for bf16 V-first pools and 3..8 tokens; T = 1, 2 forced
     here) against the float64 recurrence and, on the same inputs, the recurrent kernel
     (rows_per_thread forces it): outputs poisoned first, padded and int64 rows, steep and exactly
     zero decays, untouched rows kept, and with disable_state_update the pool only read."""

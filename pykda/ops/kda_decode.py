@@ -163,10 +163,10 @@ def plan_kda_decode(p: KdaDecodeProblem, sm_count: int, smem_per_sm: int, rpt: i
 
 # The tensor-core step (kda_decode_mma): bf16 V-first pools, T tokens a sequence (not packed), the
 # state after the last only, 1-D state_indices, no target verify; the planner's choice there for
-# MMA_MIN_TOKENS <= T <= MMA_MAX_TOKENS (measured at B 64 H 32 K 128: T 4 63 µs against the recurrent
-# kernel's 76, T 8 99 against 133; T 1-3 slower or even). An explicit rows_per_thread or stages keeps
-# the recurrent kernel.
-MMA_MIN_TOKENS = 4
+# MMA_MIN_TOKENS <= T <= MMA_MAX_TOKENS (measured at B 64 H 32 K 128, µs against the recurrent kernel's:
+# softplus gate T 1 45.0 / 37.7, T 2 45.6 / 48.9, T 4 48.8 / 75.9, T 8 67.2 / 132.5; vLLM's precomputed
+# gate T 2 44.8 / 44.1, T 3 47.3 / 56.8). An explicit rows_per_thread or stages keeps the recurrent kernel.
+MMA_MIN_TOKENS = 3
 MMA_MAX_TOKENS = 8
 MMA_SIGNATURE = (int,) * 5 + (18 * 8,) + (int,) * 3 + (np.int32, np.int64, int, np.int32, int, float, float, np.int32)
 
@@ -177,18 +177,19 @@ def takes_tensor_cores(p: KdaDecodeProblem) -> bool:
 
 
 def mma_min_ctas(tokens: int) -> int:
-    """CTAs per SM kda_decode_mma is compiled for: four (64 registers) hold T <= 4 without spills, two more."""
-    return 4 if tokens <= 4 else 2
+    """CTAs per SM kda_decode_mma is compiled for: four (64 registers) hold T <= 5 without spills; two
+    more (at four, T 6 spills a little and is 2 % slower, T 8 spills 212 bytes and is 20 % slower)."""
+    return 4 if tokens <= 5 else 2
 
 
 def mma_smem_bytes(dim: int, tokens: int) -> int:
     """kda_decode_mma's shared memory (SMEM_BYTES in the template): the state rows at a padded pitch,
-    the B operands of both products, Γ, v, β, the column sums' partials and totals, the mbarrier."""
+    the B operands of both products, Γ, v, β, the column sums' partials and totals."""
     pow2 = lambda n: 1 << max(0, (n - 1).bit_length())   # noqa: E731
     nr = max(pow2(2 * tokens), pow2(tokens * tokens))
     tot_at = dim * (2 * dim + 16) + 2 * 16 * (dim + 8) * 2 + 2 * dim * 8 * 2 + dim * 4 + tokens * dim * 4 + 32 \
         + nr * (dim // 32) * 4
-    return -(-(tot_at + nr * 4) // 8) * 8 + 8
+    return tot_at + nr * 4
 
 
 def plan_tensor_cores(p: KdaDecodeProblem) -> KdaDecodePlan:

@@ -108,17 +108,6 @@ PYKDA_DEVICE void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t
                : "memory");
 }
 
-// Contiguous shared -> global bulk copy in the thread's bulk group; dst, src 16-byte aligned,
-// bytes a multiple of 16. Commit the group, then wait until its reads of shared memory are done
-// (before the CTA exits or the rows are rewritten).
-PYKDA_DEVICE void bulk_store(void* dst, const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(reinterpret_cast<uint64_t>(dst)),
-               "r"(smem_addr(src)), "r"(bytes)
-               : "memory");
-}
-PYKDA_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-PYKDA_DEVICE void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
-
 // ---- thread block clusters: the cluster barrier and reads of a peer CTA's shared memory ----
 // Every non-exited thread of the cluster arrives, then waits: shared-memory writes before the
 // barrier are visible to the whole cluster after it (release / acquire).
