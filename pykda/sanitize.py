@@ -115,6 +115,9 @@ TESTS = (
     "tests/test_kda_decode_gpu.py::test_target_verify_equals_the_speculative_step[float32-v_first-True]",   # SGLang's
     "tests/test_kda_decode_gpu.py::test_tree_verify_starts_each_token_from_its_parent[float32-v_first-int64]",
     "tests/test_kda_decode_gpu.py::test_tree_verify_starts_each_token_from_its_parent[bfloat16-k_first-int32]",
+    # KDA decode on tensor cores (kda_decode_mma): cp.async state rows, bf16 V-first pools
+    "tests/test_kda_decode_gpu.py::test_tensor_core_step_matches_reference_and_the_recurrent_kernel[4-softplus-128]",
+    "tests/test_kda_decode_gpu.py::test_tensor_core_step_matches_reference_and_the_recurrent_kernel[8-none-64]",
     # K-first pools (whole-state tiles, column sums through shared memory): padding, empty sequences,
     # tokens read from global memory past the staged ones
     "tests/test_kda_decode_gpu.py::test_packed_sequences_with_empty_and_padded_ones[k_first]",
