@@ -58,6 +58,12 @@ PYKDA_DEVICE void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+// The same with k = 8: A a0:(g, 2t..2t+1) a1:(g+8, ..); B b0:(k=2t..2t+1, n=g).
+PYKDA_DEVICE void mma_1688(float (&d)[4], const uint32_t (&a)[2], uint32_t b, bf16_t) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(b));
+}
 PYKDA_DEVICE void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], fp16_t) {
   asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
