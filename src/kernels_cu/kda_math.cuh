@@ -5,6 +5,12 @@
 #pragma once
 #include "common.cuh"
 
+// The decode kernels' strides (elements) of the caller's q, k, g, v, beta and out, one struct
+// passed by value: [batch, token, head] (beta's all three); the last dim is contiguous.
+struct KdaDecodeLayout {
+  long long q[3], k[3], g[3], v[3], beta[3], out[3];
+};
+
 constexpr float KDA_L2_EPS = 1e-6f;
 constexpr float KDA_LOG2E = 1.4426950408889634f;
 
