@@ -16,7 +16,7 @@ H200_SMS, H200_SMEM_PER_SM = 132, 233472
 def decode_specs(arch: str) -> Iterator[KernelSpec]:
     """Every kernel the decode planner can pick at its default stages: the chunk is a kernel
     argument, so a kernel is a head dim, a dtype, split or not (merged by decode_merge or in a
-    cluster of 2, 4 or 8 CTAs), and a cache (padded, or paged with each page size of
+    cluster of 2, 4 or 8 CTAs, or the balanced split), and a cache (padded, or paged with each page size of
     pykda.BatchDecodeWithPagedKVCache, gathered below 16 rows)."""
     from .ops.decode import CLUSTERS, DTYPES, HEAD_DIMS, DecodeProblem, decode_spec, plan_decode
     from .ops.paged_decode import PAGE_SIZES
@@ -34,6 +34,9 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
                             split = plan_decode(batch, H200_SMS, H200_SMEM_PER_SM, chunk_size=rows)
                             assert split.cluster == c, (split, c)
                             yield decode_spec(batch, split, arch, page)
+                    if page == 0:   # the balanced split (padded caches)
+                        yield decode_spec(p, plan_decode(p._replace(batch=64), H200_SMS, H200_SMEM_PER_SM,
+                                                         balanced=True), arch)
 
 
 def kda_decode_specs(arch: str) -> Iterator[KernelSpec]:

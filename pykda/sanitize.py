@@ -70,6 +70,8 @@ TESTS = (
     "tests/test_batch_decode_gpu.py::test_split_sequences_of_different_lengths_and_scale[512-1]",  # a warp a row
     "tests/test_batch_decode_gpu.py::test_split_sequences_merge_in_clusters[384-4]",   # clusters of 4, 3 chunks: DSMEM
     "tests/test_batch_decode_gpu.py::test_strided_hnd_views_of_a_larger_cache",
+    "tests/test_batch_decode_gpu.py::test_balanced_split_matches_reference[300-200-16-16-128-float16-NHD]",   # balanced: many units a CTA
+    "tests/test_batch_decode_gpu.py::test_balanced_split_matches_reference[7-4097-64-2-128-bfloat16-NHD]",    # balanced: two head blocks
     # flash decoding, a paged cache: cp.async gather (page 1) and TMA boxes (16, 128), bad page ids
     "tests/test_paged_decode_gpu.py::test_split_requests_merge_with_scale[1-64]",
     "tests/test_paged_decode_gpu.py::test_split_requests_merge_with_scale[16-64]",

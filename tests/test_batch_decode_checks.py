@@ -186,9 +186,10 @@ def test_split_batch_is_a_partial_launch_then_a_merge(offline, layout):
     assert plan.merge_warps == 4
     assert grid == (B * hq // 2, d // 32, 1) and block == (256, 1, 1) and smem == 0
     assert [_KINDS[type(a)] for a in merge_args] == kernel_parameters("decode_merge", params)
-    ws_o, ws_lse, kv_lens, kv_len, q_heads, n_chunks, chunk, o_p, *_, lse_p, row_warps, n_rows = merge_args
+    ws_o, ws_lse, kv_lens, kv_len, q_heads, n_chunks, chunk, o_p, *_, lse_p, row_warps, n_rows, kv_heads, batch = merge_args
     assert (ws_o, ws_lse, kv_lens) == tuple(args[11:13]) + (lens.ptr,) and (kv_len, q_heads, n_chunks, chunk) == (S, hq, 16, 64)
-    assert (o_p, lse_p) == (args[13], args[16]) and lse_p != 0 and (row_warps, n_rows) == (4, B * hq)
+    assert (o_p, lse_p) == (args[13], args[16]) and lse_p != 0 and (row_warps, n_rows, kv_heads, batch) == (4, B * hq, hkv, B)
+    assert tuple(args[-2:]) == (hkv, B), "the kernel's last arguments: KV heads, batch"
     assert len(offline["workspaces"]) == 1, "one workspace: the partials and their LSEs"
     # both maps walk (head_dim, kv_heads, kv_len, batch), whatever the layout in memory
     row, head = (hkv * d * 2, d * 2) if layout == "NHD" else (d * 2, S * d * 2)
@@ -209,7 +210,7 @@ def test_split_of_few_chunks_in_many_waves_merges_in_a_cluster(offline, chunk_si
     ((name, grid, block, smem, args, spec),) = offline["launches"]
     assert name == "decode_partial" and grid == (cluster, hkv, B) and spec.param_dict["CLUSTER"] == cluster
     assert args[11:13] == (0, 0) and offline["workspaces"] == []
-    assert args[-1] == chunk_size and lens.ptr in args and args[16] != 0   # the LSE, written by the cluster
+    assert args[-3] == chunk_size and lens.ptr in args and args[16] != 0   # the LSE, written by the cluster
 
 
 def test_clusters_only_beyond_one_round_or_for_one_tile_chunks():
@@ -240,9 +241,9 @@ def test_the_chunk_is_the_last_argument(offline, chunk_size):
     n_chunks = -(-S // rows)
     assert (rows, n_chunks) == {None: (1536, 33), 192: (192, 261), 1664: (1664, 31)}[chunk_size]
     (_, grid, _, _, args, spec), (merge, *_, merge_args, _) = offline["launches"]
-    assert grid == (n_chunks, hkv, B) and args[-1] == rows and type(args[-1]) is np.int32
+    assert grid == (n_chunks, hkv, B) and args[-3] == rows and type(args[-3]) is np.int32
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", spec.param_dict)
-    assert len(args) == len(decode.KERNEL_SIGNATURE) == 26
+    assert len(args) == len(decode.KERNEL_SIGNATURE) == 28
     assert merge == "decode_merge" and merge_args[5:7] == (n_chunks, rows)
 
 
@@ -283,7 +284,7 @@ def test_single_decode_is_a_batch_of_one(offline, layout):
     # one sequence of 16 heads and 20 chunks: a CTA (8 warps) per head and 32 columns
     assert plan.n_chunks == 20 and plan.merge_warps == 8 and merge == "decode_merge" and merge_grid == (hq, d // 32, 1)
     assert [_KINDS[type(a)] for a in merge_args] == kernel_parameters("decode_merge", params)
-    assert merge_args == (*args[11:13], 0, S, hq, plan.n_chunks, plan.chunk, args[13], 0, d, 0, 8, hq), \
+    assert merge_args == (*args[11:13], 0, S, hq, plan.n_chunks, plan.chunk, args[13], 0, d, 0, 8, hq, hkv, 1), \
         "no kv_lens (every row S), out without a batch stride, no LSE asked for"
     # size-1 dims (one KV head, one sequence) get a stride TMA accepts
     row = d * 2 if layout == "HND" else hkv * d * 2
@@ -300,14 +301,17 @@ def test_bad_layout_raises_before_any_launch(offline):
 def test_decode_family_registers_every_kernel_the_planner_picks():
     """One kernel per head dim, dtype, cache (padded or each page size) and unsplit, split with
     decode_merge or split in a cluster of 2, 4 or 8, and for head dim 64 the short tile's unsplit
-    one: the registry holds all 224, which cover the planner's pick for any problem and chunk."""
+    one; and the balanced split's (padded caches; head dim 64 in both tiles): the registry holds
+    all 232, which cover the planner's pick for any problem and chunk."""
     from pykda import registry
     from pykda.ops.paged_decode import PAGE_SIZES
     specs = registry.specs("decode", "sm_90a")
     short = len(decode.DTYPES) * (1 + len(PAGE_SIZES))   # head dim 64's other tile (the others' is 64 rows)
     kinds = 2 + len(decode.CLUSTERS)   # unsplit, merged by decode_merge, merged in each cluster size
-    assert len(specs) == len(set(specs)) == len(decode.HEAD_DIMS) * len(decode.DTYPES) * kinds * (1 + len(PAGE_SIZES)) + short
-    assert len(specs) == 224
+    balanced = (len(decode.HEAD_DIMS) + 1) * len(decode.DTYPES)
+    assert len(specs) == len(set(specs)) == \
+        len(decode.HEAD_DIMS) * len(decode.DTYPES) * kinds * (1 + len(PAGE_SIZES)) + short + balanced
+    assert len(specs) == 232
     specs = set(specs)
     rng = np.random.default_rng(5)
     for _ in range(200):
@@ -318,6 +322,7 @@ def test_decode_family_registers_every_kernel_the_planner_picks():
         plan = plan_decode(p, **H200, chunk_size=chunk, uneven=bool(rng.random() < 0.5))
         for page in (0,) + PAGE_SIZES:
             assert decode.decode_spec(p, plan, "sm_90a", page) in specs, (p, chunk, page)
+        assert decode.decode_spec(p, plan_decode(p, **H200, balanced=True), "sm_90a") in specs, p
 
 
 def test_decode_family_registers_batch_shapes():
@@ -341,3 +346,98 @@ def test_a_bad_setting_equal_to_a_prepared_good_one_still_raises(offline, good_k
     with pytest.raises(ValueError, match=message):
         pykda.batch_decode_with_padded_kv_cache(q, k, v, **bad_kwargs)
     assert len(offline["launches"]) == launched
+
+
+# ---- the balanced split ----
+def test_balanced_split_is_one_round_of_ctas_then_a_merge(offline):
+    """balanced=True: decode_partial over one round of CTAs (132 SMs x 2 slots) along x, the head
+    blocks along z (group 32: two); its workspace holds (CTAs + units) x group partial rows, their
+    LSE, then each unit's (first CTA, pieces) and each CTA's split unit; decode_merge takes a row
+    per (CTA, head of a group) and gets the CTAs, the KV heads and the batch."""
+    B, S, hq, hkv, d = 5, 3000, 64, 2, 128
+    q, k, v = good(B, S, hq, hkv, d)
+    lens = arr((B,), "int32", ptr=BASE * 3)
+    decode.flash_decode(q, k, v, batched=True, kv_lens=lens, return_lse=True, balanced=True)
+    p = DecodeProblem(S, hq, hkv, d, "bfloat16", B)
+    plan = plan_decode(p, **H200, uneven=True, balanced=True)
+    assert plan.balanced == 264 and plan.split and plan.merge_launch and plan.head_blocks == 2
+    (name, grid, block, smem, args, spec), (merge, merge_grid, _, _, merge_args, _) = offline["launches"]
+    assert (name, merge) == ("decode_partial", "decode_merge") and spec.param_dict["BALANCED"] == decode.BALANCED_MAX_BATCH
+    assert grid == (264, 1, 2) and block == (160, 1, 1) and smem == plan.smem
+    assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", spec.param_dict)
+    assert tuple(args[-2:]) == (hkv, B) and args[5] == lens.ptr
+    rows = (264 + B * hkv) * (hq // hkv)
+    ((_, _, nbytes),) = offline["workspaces"]
+    assert args[12] - args[11] == rows * d * 4 and nbytes == rows * (d * 4 + 4) + 8 * B * hkv + 4 * 264
+    assert merge_args[5] == 264 and tuple(merge_args[-3:]) == (264 * (hq // hkv), hkv, B)
+
+
+def test_balanced_split_refusals(offline):
+    q, k, v = good()
+    with pytest.raises(TypeError, match="balanced must be None, True or False; got 'yes'"):
+        pykda.batch_decode_with_padded_kv_cache(q, k, v, balanced="yes")
+    with pytest.raises(ValueError, match="chunk_size sets the chunks of the chunked split; balanced=True has none"):
+        pykda.batch_decode_with_padded_kv_cache(q, k, v, balanced=True, chunk_size=64)
+    q, k, v = good(B=1025, S=16, hkv=1, hq=1)
+    with pytest.raises(ValueError, match="balanced=True reads at most 1024 sequences; got batch 1025"):
+        pykda.batch_decode_with_padded_kv_cache(q, k, v, balanced=True)
+    assert offline["launches"] == []
+
+
+def test_balanced_shares_cover_every_tile_once_and_pieces_have_unique_rows():
+    """The kernel's arithmetic, mirrored: shares ⌊i·W/G⌋ partition the slots (a unit's fixed-cost
+    slots, then its tiles); a unit's pieces are CTAs tile_owner(first tile) .. tile_owner(last);
+    CTA i's piece of unit u sits at partial row i + u, unique; each unit of more than one piece is
+    named once among the CTAs' split units (by the CTA after its first)."""
+    rng = np.random.default_rng(0)
+    cases = ((1, 8, 264, 1), (3, 2, 5, 1), (300, 16, 264, 1), (7, 1, 264, 0), (64, 8, 264, 2), (256, 8, 264, 1))
+    for batch, kv_heads, grid_x, cost in cases:
+        tiles = np.maximum(1, -(-rng.integers(0, 3000, batch) // 64))
+        unit_slots = np.repeat(tiles, kv_heads) + cost     # units b-major: b · kv_heads + h
+        starts = np.concatenate(([0], np.cumsum(unit_slots)))
+        W = int(starts[-1])
+        G = min(grid_x, W)
+        share = [(i * W // G, (i + 1) * W // G) for i in range(G)]
+        assert all(t1 > t0 for t0, t1 in share) and share[0][0] == 0 and share[-1][1] == W
+        owner = lambda t: ((t + 1) * G - 1) // W
+        rows, split_units = set(), []
+        for i in range(1, G):   # the kernel's split unit of CTA i
+            t0 = share[i][0]
+            u = int(np.searchsorted(starts, t0, side="right")) - 1
+            if t0 > starts[u] + cost and owner(int(starts[u]) + cost) == i - 1:
+                split_units.append(u)
+        for u in range(len(unit_slots)):
+            first, last = owner(int(starts[u]) + cost), owner(int(starts[u + 1]) - 1)
+            assert share[first][0] <= starts[u] + cost < share[first][1]
+            for i in range(first, last + 1):
+                assert share[i][0] < starts[u + 1] and share[i][1] > starts[u] + cost   # CTA i holds a tile of u
+                assert i + u not in rows
+                rows.add(i + u)
+            assert (last > first) == (u in split_units)
+        assert max(rows) < G + len(unit_slots) and len(split_units) == len(set(split_units))
+
+
+def test_planner_takes_the_balanced_split_for_few_long_sequences_on_the_device():
+    """balanced=None (the default): the balanced split where the lengths are on the device and
+    the batch is few long sequences (`balanced_pays`); chunks for many or short ones, for lengths
+    known on the host, a single sequence, or a chunk size given."""
+    def picks(B, hq, hkv, d, S, uneven=True, chunk_size=None):
+        p = DecodeProblem(S, hq, hkv, d, "bfloat16", B)
+        return plan_decode(p, **H200, chunk_size=chunk_size, uneven=uneven, balanced=None).balanced > 0
+    assert picks(32, 32, 8, 64, 8192) and picks(32, 64, 4, 128, 65536) and picks(4, 16, 16, 64, 65536)
+    assert not picks(256, 8, 1, 128, 4096) and not picks(256, 64, 8, 128, 513) and not picks(64, 128, 8, 128, 2048)
+    assert not picks(32, 64, 4, 128, 65536, uneven=False) and not picks(32, 64, 4, 128, 65536, chunk_size=1024)
+    assert not picks(1, 32, 32, 128, 8192) and not picks(1025, 1, 1, 128, 65536)
+
+
+def test_balanced_calls_are_keyed_by_the_flag_and_its_type(offline):
+    """balanced=None, True and False prepare three calls; 1 is not True (a bad 1 must not find
+    the call prepared for True: it raises)."""
+    q, k, v = good(B=32, S=8192, hq=32, hkv=8, d=64)
+    lens = arr((32,), "int32", ptr=BASE * 3)
+    for flag in (None, True, False):
+        pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_lens=lens, balanced=flag)
+    grids = [launch[1] for launch in offline["launches"] if launch[0] == "decode_partial"]
+    assert grids[0] == grids[1] == (132, 1, 1) and grids[2][1:] == (8, 32)   # auto: balanced here (D 64, one CTA an SM)
+    with pytest.raises(TypeError, match="balanced must be None, True or False; got 1"):
+        pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_lens=lens, balanced=1)

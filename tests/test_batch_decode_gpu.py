@@ -116,6 +116,48 @@ def test_split_sequences_merge_in_clusters(chunk_size, cluster):
     check(o, lse, ref(q, k, v, lens, scale=0.3), lens, "bfloat16")
 
 
+# the balanced split: (batch, longest, heads, head dim, dtype, layout): one round of CTAs sharing
+# every (sequence, KV head)'s tiles; fewer tiles than CTAs (each CTA one tile, the rest leave),
+# units of one tile among long ones, many units a CTA (short sequences), two head blocks (group 32)
+BALANCED_CASES = [(1, 17, 32, 8, 128, "bfloat16", "NHD"), (3, 1000, 32, 8, 64, "float16", "HND"),
+                  (5, 8192, 8, 1, 256, "bfloat16", "NHD"), (16, 16384, 64, 8, 128, "bfloat16", "HND"),
+                  (300, 200, 16, 16, 128, "float16", "NHD"), (7, 4097, 64, 2, 128, "bfloat16", "NHD"),
+                  (64, 2048, 32, 8, 64, "bfloat16", "HND")]
+
+
+@pytest.mark.parametrize("B, S, hq, hkv, d, dtype, layout", BALANCED_CASES)
+def test_balanced_split_matches_reference(B, S, hq, hkv, d, dtype, layout):
+    """balanced=True: each CTA streams its share of every sequence's tiles, crossing sequences and
+    KV heads; lengths 0, 1, S, S - 1 and random (NaN past them), out poisoned; against float64 and
+    within rounding of the chunked split of the same call."""
+    lens = lengths(B, S, seed=B + S + d)
+    q, k, v = make(B, S, hq, hkv, d, dtype, lens, seed=B * 3 + S)
+    kv_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    kc, vc = as_layout(k, layout), as_layout(v, layout)
+    out = torch.full_like(q, float("nan"))
+    o, lse = pykda.batch_decode_with_padded_kv_cache(q, kc, vc, kv_layout=layout, kv_lens=kv_lens, out=out,
+                                                     return_lse=True, balanced=True)
+    assert o is out
+    check(o, lse, ref(q, k, v, lens), lens, dtype)
+    o2, lse2 = pykda.batch_decode_with_padded_kv_cache(q, kc, vc, kv_layout=layout, kv_lens=kv_lens, return_lse=True,
+                                                       balanced=False)
+    assert (o.float() - o2.float()).abs().max().item() < 2e-2
+    finite = torch.isfinite(lse2)
+    assert torch.equal(finite, torch.isfinite(lse)) and (lse - lse2)[finite].abs().max().item() < 1e-3
+
+
+def test_balanced_split_in_a_cuda_graph_with_new_lengths():
+    """torch's capture idiom around a balanced call; replays with new data and lengths (the
+    shares move with them: the lengths are read on the device)."""
+    B, S, hq, hkv, d = 24, 4096, 32, 8, 128
+    q, k, v = make(B, S, hq, hkv, d, "bfloat16", [S] * B, seed=11)
+    kv_lens = torch.full((B,), S, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    graph, lse = capture_as_torch_documents(q, k, v, kv_lens, out, balanced=True)
+    replay_with_new_data(graph, q, k, v, kv_lens, out, lse,
+                         [(seed, lengths(B, S, seed)) for seed in (12, 13)] + [(14, [0] * B), (15, [1] * B)])
+
+
 def test_planner_split_with_long_short_and_empty_sequences():
     lens = [8192, 3000, 0]
     q, k, v = make(3, 8192, 32, 8, 128, "bfloat16", lens, seed=2)
@@ -133,6 +175,20 @@ def test_strided_hnd_views_of_a_larger_cache():
     kv_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     o, lse = pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_layout="HND", kv_lens=kv_lens, return_lse=True)
     check(o, lse, ref(q, k.transpose(1, 2), v.transpose(1, 2), lens), lens, "bfloat16")
+
+
+def capture_as_torch_documents(q, k, v, kv_lens, out, **settings):
+    """A padded batch call (into `out`, with its LSE) captured with torch's idiom: a warm-up on a
+    side stream, then `torch.cuda.graph(g)` on a stream of its own. Returns the graph and its LSE."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_lens=kv_lens, out=out, **settings)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, lse = pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_lens=kv_lens, out=out, return_lse=True, **settings)
+    return graph, lse
 
 
 def replay_with_new_data(graph, q, k, v, kv_lens, out, lse, cases):
@@ -175,15 +231,7 @@ def test_cuda_graph_of_a_split_merged_in_clusters():
     q, k, v = make(B, S, hq, hkv, d, "bfloat16", [S] * B, seed=8)
     kv_lens = torch.full((B,), S, dtype=torch.int32, device="cuda")
     out = torch.empty_like(q)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_lens=kv_lens, out=out, chunk_size=chunk)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        _, lse = pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_lens=kv_lens, out=out, return_lse=True,
-                                                         chunk_size=chunk)
+    graph, lse = capture_as_torch_documents(q, k, v, kv_lens, out, chunk_size=chunk)
     replay_with_new_data(graph, q, k, v, kv_lens, out, lse,
                          [(seed, [0, 1, 128, 129, 1000] + np.random.default_rng(seed).integers(0, 1001, B - 5).tolist())
                           for seed in (9, 10)])

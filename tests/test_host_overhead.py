@@ -379,9 +379,9 @@ def test_stubbed_single_decode_reads_the_call_values():
         assert params[:6] == [q.data_ptr(), 0, D, tensor_map(k.data_ptr()), tensor_map(v.data_ptr()), 0]
         assert params[6:11] == [S, hq // hkv, hq // hkv, 1, float(np.float32(D ** -0.5))]
         assert params[11:14] == ws + [o.data_ptr()]
-        assert params[14:] == [0, D, lse.data_ptr(), 0, 0, k.data_ptr(), v.data_ptr(), 0, 0, 0, 0, chunk]
+        assert params[14:] == [0, D, lse.data_ptr(), 0, 0, k.data_ptr(), v.data_ptr(), 0, 0, 0, 0, chunk, hkv, 1]
         assert call.plan.merge_warps == 8 and merge_geometry == _merge_geometry(1, hq, 8)   # 32 chunks: a CTA a row
-        assert merge == ws + [0, S, hq, n_chunks, chunk, o.data_ptr(), 0, D, lse.data_ptr(), 8, hq]
+        assert merge == ws + [0, S, hq, n_chunks, chunk, o.data_ptr(), 0, D, lse.data_ptr(), 8, hq, hkv, 1]
 
 
 def test_stubbed_padded_batch_decode_reads_the_call_values():
@@ -403,7 +403,7 @@ def test_stubbed_padded_batch_decode_reads_the_call_values():
             calls.append((q, k, v, lens, out))
         assert len(decode.PREPARED.results) == 1
         call = decode.PREPARED.last[1]
-    assert not call.plan.split and gpu.scratch == [] and len(seen) == 2   # the spy: 26 parameters each
+    assert not call.plan.split and gpu.scratch == [] and len(seen) == 2   # the spy: 28 parameters each
     assert list(gpu.kernels) == ["decode_partial"]
     for (_, params, geometry), (q, k, v, lens, out) in zip(seen, calls):
         assert geometry == ((1, hkv, batch * 2), ((decode.WARPS + 1) * 32, 1, 1), call.plan.smem, 0)
@@ -411,7 +411,7 @@ def test_stubbed_padded_batch_decode_reads_the_call_values():
                               lens.data_ptr()]
         assert params[6:11] == [S, hq, 16, 2, float(np.float32(D ** -0.5))]
         assert params[11:] == [0, 0, out.data_ptr(), *out.stride()[:2], 0, 0, 0, k.data_ptr(), v.data_ptr(), 0, 0,
-                               0, 0, 256]   # the chunk asked for, last
+                               0, 0, 256, hkv, batch]   # the chunk asked for, then KV heads and batch
 
 
 @pytest.mark.parametrize("page_size", [8, 16])   # pages gathered (no tensor maps), pages read by TMA
@@ -454,10 +454,10 @@ def test_stubbed_paged_run_reads_the_call_values(page_size):
         assert params[11:14] == ws + [o.data_ptr()]
         assert params[14:21] == [hq * D, D, lse.data_ptr(), tables + 4 * len(lens), indices.data_ptr(), k.data_ptr(),
                                  v.data_ptr()]
-        assert params[21:] == [num_pages, *k.stride()[:3], 64]   # the pages' count and strides, then the chunk
+        assert params[21:] == [num_pages, *k.stride()[:3], 64, hkv, len(lens)]   # pages' count, strides; chunk, heads, batch
         assert call.plan.merge_warps == 4 and merge_geometry == _merge_geometry(len(lens), hq, 4)   # 10 chunks
         assert merge == ws + [tables, paged_decode.MAX_ROWS, hq, 10, 64, o.data_ptr(), hq * D, D, lse.data_ptr(), 4,
-                              len(lens) * hq]
+                              len(lens) * hq, hkv, len(lens)]
     assert gpu.scratch == []   # one block per split call, each checked
 
 

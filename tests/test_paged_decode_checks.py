@@ -226,7 +226,7 @@ def test_max_kv_len_fixes_the_split_as_requests_grow(offline):
     spec = decode.decode_spec(p, plan, "sm_90a", 16)
     launches = offline["launches"]
     assert plan.split and [launch[0] for launch in launches] == ["decode_partial", "decode_merge"] * 3
-    partials = {(launch[1], launch[4][-1], launch[5]) for launch in launches[0::2]}   # grid, chunk, kernel
+    partials = {(launch[1], launch[4][-3], launch[5]) for launch in launches[0::2]}   # grid, chunk, kernel
     assert partials == {((plan.n_chunks, hkv, 3), plan.chunk, spec)}, "the split of 4096 rows, each time"
     merges = {(launch[1], launch[4][2:7], launch[5]) for launch in launches[1::2]}   # grid, tables to chunk, kernel
     rows_per_cta = decode.MERGE_WARPS // plan.merge_warps
@@ -265,14 +265,14 @@ def test_run_is_a_partial_launch_then_a_merge_with_the_page_table(offline, page_
     assert args[11:13] == (BASE * 4, BASE * 4 + n_part * d * 4), "the partial outputs (fp32), then their LSE"
     assert args[17:21] == (TABLES + 4 * B, INDICES, K, V)
     page, row, head = (page_size * hkv * d, hkv * d, d) if layout == "NHD" else (hkv * page_size * d, d, page_size * d)
-    assert args[21:] == (P, page, row, head, 64), "the pages' count and strides, then the chunk"
+    assert args[21:] == (P, page, row, head, 64, hkv, B), "the pages' count and strides, the chunk, KV heads, batch"
     assert merge == "decode_merge" and merge_spec == spec
     # 16 chunks: four warps per (query row, 32 columns), two rows a CTA
     assert (merge_grid, merge_block, merge_smem) == ((B * hq // 2, d // 32, 1), (256, 1, 1), 0)
     assert [_KINDS[type(a)] for a in merge_args] == kernel_parameters("decode_merge", spec.param_dict)
-    assert merge_args == (*args[11:13], TABLES, paged_decode.MAX_ROWS, hq, 16, 64, *args[13:17], 4, B * hq) and \
+    assert merge_args == (*args[11:13], TABLES, paged_decode.MAX_ROWS, hq, 16, 64, *args[13:17], 4, B * hq, hkv, B) and \
         args[16] != 0, "the workspace, the rows per request, heads, chunks and chunk; out, its strides and the LSE; " \
-                       "warps per row, rows"
+                       "warps per row, rows, KV heads"
     if page_size < 16:   # gathered: no tensor maps
         assert offline["maps"] == [] and args[3] == args[4] == bytes(128)
     else:   # (head_dim, kv_heads, page_size, num_pages) in boxes of a page's rows, at most a tile

@@ -130,7 +130,7 @@ def test_render_cli_prints_source():
             "WARPS=4", "SPLIT=True"]
     r = subprocess.run(args + ["MERGE_THREADS=256", "MERGE_COLUMNS=32"], cwd=ROOT, capture_output=True, text=True,
                        check=True)
-    assert "constexpr int D = 128;" in r.stdout and "int chunk_rows)" in r.stdout, "the chunk is an argument"
+    assert "constexpr int D = 128;" in r.stdout and "int chunk_rows," in r.stdout, "the chunk is an argument"
     assert "CHUNK" not in r.stdout
     r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)   # the merge's shape left out
     assert r.returncode == 2 and r.stdout == ""

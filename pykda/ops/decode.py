@@ -69,10 +69,11 @@ class DecodePlan:
     smem: int             # dynamic shared memory per CTA, bytes
     merge_warps: int      # decode_merge's warps per (query row, MERGE_COLUMNS columns)
     cluster: int = 0      # a split merged inside thread block clusters of this many CTAs (0: by decode_merge)
+    balanced: int = 0     # CTAs of the balanced split (0: chunks of `chunk` rows per sequence)
 
     @property
     def split(self) -> bool:
-        return self.n_chunks > 1
+        return self.n_chunks > 1 or self.balanced > 0
 
     @property
     def merge_launch(self) -> bool:
@@ -81,8 +82,16 @@ class DecodePlan:
 
     @property
     def grid_chunks(self) -> int:
-        """decode_partial's grid x: the chunks, or a whole cluster of CTAs (those past the chunks exit)."""
-        return self.cluster or self.n_chunks
+        """decode_partial's grid x: the chunks, a whole cluster of CTAs (those past the chunks exit),
+        or the balanced split's CTAs."""
+        return self.balanced or self.cluster or self.n_chunks
+
+    def grid(self, p: DecodeProblem) -> tuple[int, int, int]:
+        """decode_partial's grid: (chunks, KV heads, batch x head blocks), or the balanced split's
+        (CTAs, 1, head blocks): its CTAs walk every sequence's KV heads."""
+        if self.balanced:
+            return self.balanced, 1, self.head_blocks
+        return self.grid_chunks, p.kv_heads, p.batch * self.head_blocks
 
 
 def tile_rows(head_dim: int, kv_len: int) -> int:
@@ -149,6 +158,22 @@ def merge_cost(n_chunks: int) -> float:
 
 
 UNEVEN_SLACK = 0.05   # of the least full-length cost, spent on shorter chunks where lengths are uneven
+BALANCED_MAX_BATCH = 1024   # the balanced split's CTAs each scan every length: batches up to this many
+BALANCED_UNIT_COST = 1      # the balanced split's fixed cost of a (sequence, KV head), in tiles of streaming
+BALANCED_MIN_TILES = 64     # the planner's balanced split: sequences of at least this many tiles (kv_len) ...
+
+
+def balanced_pays(p: DecodeProblem, block_n: int, per_sm: int, sm_count: int) -> bool:
+    """Where the planner takes the balanced split for lengths on the device: long sequences
+    (kv_len >= BALANCED_MIN_TILES tiles) and few of them, at most two (sequence, KV head) units
+    per SM in all (units x CTAs per SM <= 2 x SMs). Measured on the H200 (uneven lengths up to
+    kv_len, µs chunked -> balanced): 32 x 32/8 heads KV 8192 D 64 103 -> 89, 32 x 64/4 KV 65536
+    531 -> 502, 4 x 16/16 KV 65536 D 64 209 -> 202; with more or shorter units the chunks win
+    (their many short CTAs balance on the GPU's scheduler, and the balanced split's merge is a
+    launch they do not need): 256 x 8/1 KV 4096 78 -> 83, 256 x 64/8 KV 513 75 -> 89; and single
+    sequences, whose chunks are even anyway (32/32 KV 8192 40.6 -> 44.6)."""
+    return (p.batch > 1 and p.batch <= BALANCED_MAX_BATCH and p.kv_len >= BALANCED_MIN_TILES * block_n
+            and p.batch * p.kv_heads * per_sm <= 2 * sm_count)
 
 
 def chunk_tile_counts(kv_len: int, block_n: int) -> Iterator[int]:
@@ -169,7 +194,7 @@ def chunk_tile_counts(kv_len: int, block_n: int) -> Iterator[int]:
 
 @functools.lru_cache(maxsize=1024, typed=True)   # (a bad 128.0 must not find the plan of 128)
 def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: int | None = None,
-                stages: int | None = None, uneven: bool = False) -> DecodePlan:
+                stages: int | None = None, uneven: bool = False, balanced: bool | None = False) -> DecodePlan:
     """Choose the chunk size so that every SM has work and the last wave is full.
 
     Candidate chunks are any whole number of tiles, from one tile to the first count that makes
@@ -183,6 +208,10 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
     is of full lengths still, but the smallest chunk within UNEVEN_SLACK of the least wins, as
     shorter CTAs end a batch of uneven lengths sooner (its longest sequences' CTAs are its tail).
     A split of at most 8 chunks merges them in thread block clusters where `cluster_pays`.
+    `balanced` (padded caches, at most BALANCED_MAX_BATCH sequences): instead of chunks, one round
+    of CTAs (the GPU's slots) shares every sequence's and KV head's tiles evenly, the lengths read
+    on the device; a CTA's share may cross sequences and heads, and decode_merge merges the units
+    it splits. None: where `balanced_pays`, for uneven lengths and no chunk size given.
     """
     stages = stages or DEFAULT_STAGES[p.head_dim]
     heads_per_cta = min(p.group, MAX_HEADS_PER_CTA)
@@ -205,6 +234,16 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
         least = min(costs)[0] * (1 + UNEVEN_SLACK if uneven else 1)
         tiles = next(t for cost, t in costs if cost <= least)
     n_chunks = -(-n_tiles // tiles)
+    if balanced is None:
+        balanced = uneven and chunk_size is None and balanced_pays(p, block_n, slots // sm_count, sm_count)
+    if balanced:
+        if p.batch > BALANCED_MAX_BATCH:
+            raise ValueError(f"balanced=True reads at most {BALANCED_MAX_BATCH} sequences; got batch {p.batch}")
+        units = p.batch * p.kv_heads
+        return DecodePlan(chunk=block_n, block_n=block_n, stages=stages, n_chunks=1, head_blocks=head_blocks,
+                          heads_per_cta=heads_per_cta, smem=smem_bytes(p.head_dim, block_n, stages),
+                          merge_warps=merge_warps(slots * p.group, p.head_dim, -(-slots // units) + 1, sm_count),
+                          balanced=slots)
     return DecodePlan(chunk=tiles * block_n, block_n=block_n, stages=stages, n_chunks=n_chunks, head_blocks=head_blocks,
                       heads_per_cta=heads_per_cta, smem=smem_bytes(p.head_dim, block_n, stages),
                       merge_warps=merge_warps(p.batch * p.q_heads, p.head_dim, n_chunks, sm_count),
@@ -218,7 +257,9 @@ def decode_spec(p: DecodeProblem, plan: DecodePlan, arch: str, page_size: int = 
     return runtime.KernelSpec.make("decode", {
         "D": p.head_dim, "DTYPE": CTYPES[p.dtype], "BLOCK_N": plan.block_n, "STAGES": plan.stages,
         "WARPS": WARPS, "SPLIT": plan.split, "PAGE": page_size,
-        "GATHER": 0 < page_size < TMA_MIN_PAGE, "CLUSTER": plan.cluster, "MERGE_THREADS": MERGE_THREADS,
+        "GATHER": 0 < page_size < TMA_MIN_PAGE, "CLUSTER": plan.cluster,
+        **({"BALANCED": BALANCED_MAX_BATCH, "UNIT_COST": BALANCED_UNIT_COST} if plan.balanced else {"BALANCED": 0}),
+        "MERGE_THREADS": MERGE_THREADS,
         "MERGE_COLUMNS": MERGE_COLUMNS}, arch,
         kernels=("decode_partial", "decode_merge") if plan.merge_launch else ("decode_partial",))
 
@@ -308,14 +349,15 @@ def validate_decode(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceA
 # strides, the K and V tensor maps, kv_lens, kv_len, group, heads per CTA, head blocks, scale, the
 # split workspace (partial o, partial lse), out and its strides, lse; then a paged cache's page
 # table (kv_indptr, kv_indices), K and V, and the pages' count and (page, row, head) strides; last,
-# the plan's chunk (KV rows per CTA)
+# the plan's chunk (KV rows per CTA), the KV heads and the batch
 KERNEL_SIGNATURE = (int, np.int64, np.int64, 128, 128, int, np.int32, np.int32, np.int32, np.int32, np.float32,
                     int, int, int, np.int64, np.int64, int, int, int, int, int, np.int32, np.int64, np.int64,
-                    np.int64, np.int32)
+                    np.int64, np.int32, np.int32, np.int32)
 # decode_merge's: the workspace (partial o, partial lse), kv_lens, kv_len, query heads, the
-# partial grid's chunks, the chunk, out and its strides, lse, warps per row, rows (B · query heads)
+# partial grid's x (chunks, or the balanced split's CTAs), the chunk, out and its strides, lse,
+# warps per row, rows (B · query heads; balanced: CTAs · group), KV heads, batch
 MERGE_SIGNATURE = (int, int, int, np.int32, np.int32, np.int32, np.int32, int, np.int64, np.int64, int, np.int32,
-                   np.int64)
+                   np.int64, np.int32, np.int32)
 # what a call gives its launches anew (runtime.CallValues), in this order (the kernels' names); all
 # else is the prepared call's
 CALL_VALUES = ("q", "k_map", "v_map", "kv_lens", "ws_o", "ws_lse", "out", "lse", "kv_indptr", "kv_indices",
@@ -325,11 +367,12 @@ PER_CALL = {name: runtime.PerCall(i) for i, name in enumerate(CALL_VALUES)}
 
 
 def plan_for(p: DecodeProblem, device: int, chunk_size: int | None, stages: int | None, page_size: int = 0,
-             uneven: bool = False) -> tuple[DecodePlan, runtime.KernelSpec]:
+             uneven: bool = False, balanced: bool | None = False) -> tuple[DecodePlan, runtime.KernelSpec]:
     """The plan of `p` on `device` (its shared memory within the device's; `uneven`: lengths not
-    known here) and the spec of its kernel (paged with `page_size` > 0)."""
+    known here; `balanced`: the balanced split, None the planner's choice) and the spec of its
+    kernel (paged with `page_size` > 0)."""
     dev = runtime.device_info(device)
-    plan = plan_decode(p, dev.sm_count, dev.smem_per_sm, chunk_size, stages, uneven)
+    plan = plan_decode(p, dev.sm_count, dev.smem_per_sm, chunk_size, stages, uneven, balanced)
     if plan.smem > dev.smem_per_block_optin:
         raise ValueError(f"stages={plan.stages} needs {plan.smem} bytes of shared memory per block; "
                          f"the device allows {dev.smem_per_block_optin}")
@@ -373,12 +416,17 @@ class DecodeCall(NamedTuple):
 
 
 def workspace_layout(p: DecodeProblem, plan: DecodePlan) -> tuple[int, int]:
-    """Bytes of a call's workspace (0 without a split or with its merge in clusters: the partial outputs, fp32, a [batch,
-    q_heads, chunks, head_dim] array, then the partial lse [batch, q_heads, chunks]) and where its
-    lse starts."""
-    n_part = p.batch * p.q_heads * plan.n_chunks if plan.merge_launch else 0
+    """Bytes of a call's workspace and where its lse starts. 0 without a split or with its merge
+    in clusters; else the partial outputs (fp32, [rows, head_dim]), then the partial lse [rows]:
+    [batch, q_heads, chunks] rows, or the balanced split's [CTAs + units, group] (units = batch x
+    KV heads) and after them each unit's (first CTA, pieces), two int32, and each CTA's split unit
+    (int32: the unit it shares with the CTA before it, or -1)."""
+    if not plan.merge_launch:
+        return 0, 0
+    units = p.batch * p.kv_heads
+    n_part = (plan.balanced + units) * p.group if plan.balanced else p.batch * p.q_heads * plan.n_chunks
     lse_offset = n_part * p.head_dim * 4
-    return lse_offset + n_part * 4, lse_offset
+    return lse_offset + n_part * 4 + (4 * (2 * units + plan.balanced) if plan.balanced else 0), lse_offset
 
 
 def row_params(p: DecodeProblem, plan: DecodePlan, scale: float, max_rows: int) -> tuple:
@@ -401,30 +449,41 @@ def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q:
     args = (at["q"], *row_strides(q.strides, batched), at["k_map"], at["v_map"], at["kv_lens"],
             *row_params(p, plan, scale, max_rows), at["ws_o"], at["ws_lse"], at["out"],
             *row_strides(out_strides, batched), at["lse"], at["kv_indptr"], at["kv_indices"], at["k_cache"],
-            at["v_cache"], *pages, np.int32(plan.chunk))
+            at["v_cache"], *pages, np.int32(plan.chunk), np.int32(p.kv_heads), np.int32(p.batch))
     values = runtime.CallValues(CALL_SIGNATURE)
     launches = (bound_launch(spec, q.device, values, "decode_partial", KERNEL_SIGNATURE, args,
-                             (plan.grid_chunks, p.kv_heads, p.batch * plan.head_blocks), (WARPS + 1) * 32, plan.smem),)
+                             plan.grid(p), (WARPS + 1) * 32, plan.smem),)
     if plan.merge_launch:
         i32 = np.int32
-        n_rows, rows_per_cta = p.batch * p.q_heads, MERGE_WARPS // plan.merge_warps
-        merge_args = (at["ws_o"], at["ws_lse"], at["kv_lens"], i32(max_rows), i32(p.q_heads), i32(plan.n_chunks),
+        n_rows = plan.balanced * p.group if plan.balanced else p.batch * p.q_heads
+        rows_per_cta = MERGE_WARPS // plan.merge_warps
+        merge_args = (at["ws_o"], at["ws_lse"], at["kv_lens"], i32(max_rows), i32(p.q_heads), i32(plan.grid_chunks),
                       i32(plan.chunk), at["out"], *row_strides(out_strides, batched), at["lse"],
-                      i32(plan.merge_warps), np.int64(n_rows))
+                      i32(plan.merge_warps), np.int64(n_rows), i32(p.kv_heads), i32(p.batch))
         launches += (bound_launch(spec, q.device, values, "decode_merge", MERGE_SIGNATURE, merge_args,
                                   (-(-n_rows // rows_per_cta), p.head_dim // MERGE_COLUMNS, 1), MERGE_THREADS, 0),)
     return DecodeCall(p, plan, values, launches, k_maps, v_maps, rows, *workspace_layout(p, plan))
 
 
-def prepare_decode(q, k, v, out, kv_lens, batched, kv_layout, scale, chunk_size, stages) -> DecodeCall:
+def check_balanced(balanced, chunk_size) -> None:
+    """`balanced` is None (the planner's choice) or a bool, and True leaves no chunk size to set."""
+    if balanced is not None and not isinstance(balanced, bool):
+        raise TypeError(f"balanced must be None, True or False; got {balanced!r}")
+    if balanced and chunk_size is not None:
+        raise ValueError("chunk_size sets the chunks of the chunked split; balanced=True has none (give one or the other)")
+
+
+def prepare_decode(q, k, v, out, kv_lens, batched, kv_layout, scale, chunk_size, stages, balanced=None) -> DecodeCall:
     """Validate a call and make everything its launch needs but the pointers, the outputs, the
     workspace, the tensor maps of the call's K and V and the stream. The output, when `out` is
     None, is new and contiguous."""
     p = validate_decode(q, k, v, out, kv_lens, batched=batched, kv_layout=kv_layout)
     scale = resolve_scale(scale, p.head_dim)
     check_stages(stages)
+    check_balanced(balanced, chunk_size)
     runtime.require_gpu()
-    plan, spec = plan_for(p, q.device, chunk_size, stages, uneven=kv_lens is not None and p.batch > 1)
+    uneven = kv_lens is not None and p.batch > 1
+    plan, spec = plan_for(p, q.device, chunk_size, stages, uneven=uneven, balanced=balanced)
     k_maps = kv_tensor_maps(k, "k", batched, kv_layout, plan.block_n)
     v_maps = kv_tensor_maps(v, "v", batched, kv_layout, plan.block_n)
     k_maps(k.ptr)   # the geometries checked (TensorMapError names k or v) before any launch
@@ -458,7 +517,7 @@ def single_decode_with_kv_cache(q, k, v, *, kv_layout: str = "NHD", scale: float
 
 def batch_decode_with_padded_kv_cache(q, k, v, *, kv_layout: str = "NHD", kv_lens=None, scale: float | None = None,
                                       out=None, return_lse: bool = False, stream=None, chunk_size: int | None = None,
-                                      stages: int | None = None):
+                                      stages: int | None = None, balanced: bool | None = None):
     """Decode attention of one query token per head for a batch of sequences padded to one length.
 
     q: [batch, num_qo_heads, head_dim]; k, v: [batch, kv_len, num_kv_heads, head_dim] ("NHD") or
@@ -468,20 +527,24 @@ def batch_decode_with_padded_kv_cache(q, k, v, *, kv_layout: str = "NHD", kv_len
     a length of 0 gives zeros and an LSE of -inf; the planner then assumes uneven lengths (shorter
     chunks, a few % slower if every sequence is in fact kv_len long). Returns o [batch,
     num_qo_heads, head_dim], and with `return_lse` also the natural-log LSE [batch, num_qo_heads]
-    fp32. Other arguments as in `single_decode_with_kv_cache`.
+    fp32. `balanced=True` splits the work evenly over one round of CTAs instead of in chunks per
+    sequence: each CTA streams the same number of KV tiles, its share crossing sequences and KV
+    heads where it falls (the lengths are read on the device; at most 1024 sequences); False keeps
+    the chunks; None leaves it to the planner. Other arguments as in `single_decode_with_kv_cache`.
     """
     return flash_decode(q, k, v, batched=True, kv_layout=kv_layout, kv_lens=kv_lens, scale=scale, out=out,
-                        return_lse=return_lse, stream=stream, chunk_size=chunk_size, stages=stages)
+                        return_lse=return_lse, stream=stream, chunk_size=chunk_size, stages=stages,
+                        balanced=balanced)
 
 
 def flash_decode(q, k, v, *, batched: bool, kv_layout: str = "NHD", kv_lens=None, scale: float | None = None,
                  out=None, return_lse: bool = False, stream=None, chunk_size: int | None = None,
-                 stages: int | None = None):
+                 stages: int | None = None, balanced: bool | None = None):
     """The one code path of both ops: one launch, and with a split of more chunks than a cluster
-    holds a second that merges the chunks of each query row."""
+    holds (or a balanced split) a second that merges the pieces of each query row."""
     arrays = CallArrays((q, k, v, out, kv_lens), ARGUMENTS, REQUIRED)
-    settings = (batched, kv_layout, scale, chunk_size, stages)
-    call = PREPARED.get(prepared_key(arrays.key, settings, (chunk_size, stages)), arrays, settings)
+    settings = (batched, kv_layout, scale, chunk_size, stages, balanced)
+    call = PREPARED.get(prepared_key(arrays.key, settings, (chunk_size, stages, balanced)), arrays, settings)
     return launch(call, arrays, stream, out, return_lse, arrays.ptrs[4])
 
 
