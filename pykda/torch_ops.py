@@ -146,8 +146,9 @@ def _decode_results(q: Tensor, out: Optional[Tensor], return_lse: bool) -> Tuple
     return o, lse
 
 
-def _decode_op(fn, q, k, v, kv_lens, out, kv_layout, scale, return_lse, chunk_size, stages):
-    extra = {} if kv_lens is None else {"kv_lens": kv_lens}
+def _decode_op(fn, q, k, v, kv_lens, out, kv_layout, scale, return_lse, chunk_size, stages, **extra):
+    if kv_lens is not None:
+        extra["kv_lens"] = kv_lens
     r = fn(q, k, v, kv_layout=kv_layout, scale=scale, out=out, return_lse=return_lse, chunk_size=chunk_size,
            stages=stages, **extra)
     o, lse = r if return_lse else (r, None)
@@ -172,16 +173,17 @@ def _(q, k, v, out=None, *, kv_layout="NHD", scale=None, return_lse=False, chunk
 @_register("batch_decode_with_padded_kv_cache", mutates_args=("out",))
 def _batch_decode_op(q: Tensor, k: Tensor, v: Tensor, kv_lens: Optional[Tensor] = None, out: Optional[Tensor] = None,
                      *, kv_layout: str = "NHD", scale: Optional[float] = None, return_lse: bool = False,
-                     chunk_size: Optional[int] = None, stages: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+                     chunk_size: Optional[int] = None, stages: Optional[int] = None,
+                     balanced: Optional[bool] = None) -> Tuple[Tensor, Tensor]:
     """pykda.batch_decode_with_padded_kv_cache as a torch op: returns (o, lse), each a
     placeholder (0 elements) where `out` was written or no LSE was asked for."""
     return _decode_op(_decode.batch_decode_with_padded_kv_cache, q, k, v, kv_lens, out, kv_layout, scale,
-                      return_lse, chunk_size, stages)
+                      return_lse, chunk_size, stages, balanced=balanced)
 
 
 @_batch_decode_op.register_fake
 def _(q, k, v, kv_lens=None, out=None, *, kv_layout="NHD", scale=None, return_lse=False, chunk_size=None,
-      stages=None):
+      stages=None, balanced=None):
     return _decode_results(q, out, return_lse)
 
 
@@ -352,11 +354,11 @@ def single_decode_with_kv_cache(q, k, v, *, kv_layout: str = "NHD", scale: Optio
 
 def batch_decode_with_padded_kv_cache(q, k, v, *, kv_layout: str = "NHD", kv_lens=None, scale: Optional[float] = None,
                                       out=None, return_lse: bool = False, chunk_size: Optional[int] = None,
-                                      stages: Optional[int] = None):
+                                      stages: Optional[int] = None, balanced: Optional[bool] = None):
     """`pykda.batch_decode_with_padded_kv_cache` through torch.ops.pykda (traceable by
     torch.compile); same arguments but `stream` (torch's current stream is used), same results."""
     o, lse = _BATCH(q, k, v, kv_lens, out, kv_layout=kv_layout, scale=scale, return_lse=return_lse,
-                    chunk_size=chunk_size, stages=stages)
+                    chunk_size=chunk_size, stages=stages, balanced=balanced)
     o = o if out is None else out
     return (o, lse) if return_lse else o
 

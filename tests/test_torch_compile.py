@@ -226,6 +226,21 @@ def test_speculative_keywords_reach_the_eager_function(monkeypatch):
     assert seen["inplace_final_state"] is True and seen["state_indices"] is None
 
 
+def test_balanced_reaches_the_eager_batch_decode(monkeypatch):
+    """The wrapper and the op hand `balanced` (None, True, False) to
+    pykda.batch_decode_with_padded_kv_cache."""
+    seen = []
+
+    def recording(q, k, v, **kw):
+        seen.append(kw["balanced"])
+        return q.new_empty(q.shape)
+    monkeypatch.setattr(_decode, "batch_decode_with_padded_kv_cache", recording)
+    q, k = torch.zeros(2, 4, 64, dtype=bf16), torch.zeros(2, 16, 1, 64, dtype=bf16)
+    for flag in (None, True, False):
+        ops.batch_decode_with_padded_kv_cache(q, k, k, balanced=flag)
+    assert seen == [None, True, False]
+
+
 def test_cp_context_is_refused():
     with fake_mode(), pytest.raises(ValueError, match="cp_context"):
         ops.chunk_kda(**kda_inputs(1, 16, 1, 64), cp_context=object())
@@ -238,7 +253,7 @@ def test_cp_context_is_refused():
 # written in place, the same return values. Their arithmetic is arbitrary but reads the inputs.
 
 def stand_in_decode(q, k, v, *, kv_layout="NHD", kv_lens=None, scale=None, out=None, return_lse=False, stream=None,
-                    chunk_size=None, stages=None):
+                    chunk_size=None, stages=None, balanced=None):
     shift = v.float().mean() + (0.0 if kv_lens is None else kv_lens.float().mean())
     o = (q.float() * (scale or 1.0) + shift).to(q.dtype)
     if out is not None:
