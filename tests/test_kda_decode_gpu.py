@@ -682,17 +682,26 @@ def test_tree_verify_starts_each_token_from_its_parent(state_dtype, layout, pare
         assert torch.equal(buf[slots[n], t], chains[P + m]), (n, t)
 
 
+@pytest.fixture
+def mma_from_one_token(monkeypatch):
+    """kda_decode_mma from T = 1 for the test: no prepared call of another test's choice of kernel
+    before it, and none of its forced plans left after it, pass or fail. Gives the op module."""
+    from pykda.ops import kda_decode as op
+    monkeypatch.setattr(op, "MMA_MIN_TOKENS", 1)
+    op.PREPARED.clear()
+    yield op
+    op.PREPARED.clear()
+
+
 @pytest.mark.parametrize("K", [64, 128])
 @pytest.mark.parametrize("gate", ["safe", "softplus", "none"])
 @pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 8])
-def test_tensor_core_step_matches_reference_and_the_recurrent_kernel(T, gate, K, monkeypatch):
+def test_tensor_core_step_matches_reference_and_the_recurrent_kernel(T, gate, K, mma_from_one_token):
     """kda_decode_mma (the planner's kernel for bf16 V-first pools and 3..8 tokens; T = 1, 2 forced
     here) against the float64 recurrence and, on the same inputs, the recurrent kernel
     (rows_per_thread forces it): outputs poisoned first, padded and int64 rows, steep and exactly
     zero decays, untouched rows kept, and with disable_state_update the pool only read."""
-    from pykda.ops import kda_decode as op
-    monkeypatch.setattr(op, "MMA_MIN_TOKENS", 1)
-    op.PREPARED.clear()   # no prepared call of another test's choice of kernel
+    op = mma_from_one_token
     B, H, P = 37, 3, 45
     x, pool = make(B, T, H, K, P, "bfloat16", seed=700 + 10 * T + K)
     flags = dict(GATE_FLAGS[gate])
@@ -723,4 +732,3 @@ def test_tensor_core_step_matches_reference_and_the_recurrent_kernel(T, gate, K,
     read_only = before.clone()
     o_ro = decode(x, flags, initial_state=read_only, state_indices=idx, disable_state_update=True)
     assert torch.equal(read_only, before) and torch.equal(o_ro, o)
-    op.PREPARED.clear()   # the forced T = 1 plans stay with this test
