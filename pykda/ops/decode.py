@@ -160,13 +160,13 @@ def merge_cost(n_chunks: int) -> float:
 UNEVEN_SLACK = 0.05   # of the least full-length cost, spent on shorter chunks where lengths are uneven
 BALANCED_MAX_BATCH = 1024   # the balanced split's CTAs each scan every length: batches up to this many
 BALANCED_UNIT_COST = 1      # the balanced split's fixed cost of a (sequence, KV head), in tiles of streaming
-BALANCED_MIN_TILES = 64     # the planner's balanced split: sequences of at least this many tiles (kv_len) ...
+BALANCED_MIN_TILES = 64     # the planner's balanced split: for kv_len of at least this many tiles
 
 
 def balanced_pays(p: DecodeProblem, block_n: int, per_sm: int, sm_count: int) -> bool:
     """Where the planner takes the balanced split for lengths on the device: long sequences
-    (kv_len >= BALANCED_MIN_TILES tiles) and few of them, at most two (sequence, KV head) units
-    per SM in all (units x CTAs per SM <= 2 x SMs). Measured on the H200 (uneven lengths up to
+    (kv_len >= BALANCED_MIN_TILES tiles) and few of them: (sequence, KV head) units x CTAs per
+    SM <= 2 x SMs (a unit an SM where two CTAs fit, two where one does). Measured on the H200 (uneven lengths up to
     kv_len, µs chunked -> balanced): 32 x 32/8 heads KV 8192 D 64 103 -> 89, 32 x 64/4 KV 65536
     531 -> 502, 4 x 16/16 KV 65536 D 64 209 -> 202; with more or shorter units the chunks win
     (their many short CTAs balance on the GPU's scheduler, and the balanced split's merge is a
