@@ -34,9 +34,9 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
                             split = plan_decode(batch, H200_SMS, H200_SMEM_PER_SM, chunk_size=rows)
                             assert split.cluster == c, (split, c)
                             yield decode_spec(batch, split, arch, page)
-                    if page == 0:   # the balanced split (padded caches)
-                        yield decode_spec(p, plan_decode(p._replace(batch=64), H200_SMS, H200_SMEM_PER_SM,
-                                                         balanced=True), arch)
+                    # the balanced split
+                    yield decode_spec(p, plan_decode(p._replace(batch=64), H200_SMS, H200_SMEM_PER_SM, balanced=True),
+                                      arch, page)
 
 
 def kda_decode_specs(arch: str) -> Iterator[KernelSpec]:

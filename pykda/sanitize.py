@@ -12,11 +12,11 @@ times out, when its summary is missing, when it prints any report (every report 
 failure), and when the summary counts more errors than it printed (raise --print-limit).
 
 racecheck runs kernels built for it (PYKDA_SANITIZE, see pykda.runtime.render): there
-kda_recurrence hands each ring stage back with every consumer thread's arrive instead of lane 0's
-after __syncwarp. The shipped hand-back is correct (the producer's wait acquires lane 0's release,
-ordered after the warp's reads by the warp barrier), but racecheck credits an arrive to the arriving
-thread alone and would report the reads of lanes 1..31 as races against the producer's refill
-(examples/racecheck_mbarrier_pipeline.py reproduces it). The other tools check the shipped build.
+kda_recurrence and decode_partial hand each ring stage back with every consumer thread's arrive
+instead of lane 0's after __syncwarp. The shipped hand-back is correct (the producer's wait
+acquires lane 0's release, ordered after the warp's reads by the warp barrier), but racecheck
+credits an arrive to the arriving thread alone and would report the reads of lanes 1..31 as races
+against the producer's refill (examples/racecheck_mbarrier_pipeline.py reproduces it). The other tools check the shipped build.
 On the H200 all four tools report nothing over every test (racecheck: 0 hazards displayed).
 
 Allocations come from torch's caching allocator and CuPy's pool, as in serving: memcheck sees an
@@ -79,6 +79,8 @@ TESTS = (
     "tests/test_paged_decode_gpu.py::test_split_requests_merge_in_clusters[1-128-8]",   # gathered pages, clusters of 8
     "tests/test_paged_decode_gpu.py::test_page_ids_outside_the_pool_read_zeros[1]",
     "tests/test_paged_decode_gpu.py::test_page_ids_outside_the_pool_read_zeros[128]",
+    "tests/test_paged_decode_gpu.py::test_few_long_requests_take_the_balanced_split[1]",    # balanced, gathered pages
+    "tests/test_paged_decode_gpu.py::test_few_long_requests_take_the_balanced_split[16]",   # balanced, a TMA box a page
     # KDA prefill (kda_prepare, kda_recurrence): every gate mode, state pool, both layouts
     "tests/test_kda_gpu.py::test_small_against_reference_no_state",                  # the racecheck case
     "tests/test_kda_gpu.py::test_matches_reference[128-16-batch-bfloat16]",           # B 3, no cu_seqlens

@@ -301,17 +301,17 @@ def test_bad_layout_raises_before_any_launch(offline):
 def test_decode_family_registers_every_kernel_the_planner_picks():
     """One kernel per head dim, dtype, cache (padded or each page size) and unsplit, split with
     decode_merge or split in a cluster of 2, 4 or 8, and for head dim 64 the short tile's unsplit
-    one; and the balanced split's (padded caches; head dim 64 in both tiles): the registry holds
-    all 232, which cover the planner's pick for any problem and chunk."""
+    one; and the balanced split's (head dim 64 in both tiles), for every cache: the registry holds
+    all 280, which cover the planner's pick for any problem and chunk."""
     from pykda import registry
     from pykda.ops.paged_decode import PAGE_SIZES
     specs = registry.specs("decode", "sm_90a")
     short = len(decode.DTYPES) * (1 + len(PAGE_SIZES))   # head dim 64's other tile (the others' is 64 rows)
     kinds = 2 + len(decode.CLUSTERS)   # unsplit, merged by decode_merge, merged in each cluster size
-    balanced = (len(decode.HEAD_DIMS) + 1) * len(decode.DTYPES)
+    balanced = (len(decode.HEAD_DIMS) + 1) * len(decode.DTYPES) * (1 + len(PAGE_SIZES))
     assert len(specs) == len(set(specs)) == \
         len(decode.HEAD_DIMS) * len(decode.DTYPES) * kinds * (1 + len(PAGE_SIZES)) + short + balanced
-    assert len(specs) == 232
+    assert len(specs) == 280
     specs = set(specs)
     rng = np.random.default_rng(5)
     for _ in range(200):
@@ -322,7 +322,8 @@ def test_decode_family_registers_every_kernel_the_planner_picks():
         plan = plan_decode(p, **H200, chunk_size=chunk, uneven=bool(rng.random() < 0.5))
         for page in (0,) + PAGE_SIZES:
             assert decode.decode_spec(p, plan, "sm_90a", page) in specs, (p, chunk, page)
-        assert decode.decode_spec(p, plan_decode(p, **H200, balanced=True), "sm_90a") in specs, p
+        for page in (0,) + PAGE_SIZES:
+            assert decode.decode_spec(p, plan_decode(p, **H200, balanced=True), "sm_90a", page) in specs, (p, page)
 
 
 def test_decode_family_registers_batch_shapes():

@@ -222,17 +222,19 @@ def test_max_kv_len_fixes_the_split_as_requests_grow(offline):
         dec.run(arr((3, hq, d)), *caches())
     assert len(set(layouts)) == 1 and layouts[0].max_rows == 4096
     p = decode.DecodeProblem(4096, hq, hkv, d, "bfloat16", 3)
-    plan = decode.plan_decode(p, **H200, uneven=True)   # (a batch of requests: lengths of their own)
+    # (a batch of requests: lengths of their own; few long ones: the balanced split)
+    plan = decode.plan_decode(p, **H200, uneven=True, balanced=None)
     spec = decode.decode_spec(p, plan, "sm_90a", 16)
     launches = offline["launches"]
-    assert plan.split and [launch[0] for launch in launches] == ["decode_partial", "decode_merge"] * 3
+    assert plan.balanced and [launch[0] for launch in launches] == ["decode_partial", "decode_merge"] * 3
     partials = {(launch[1], launch[4][-3], launch[5]) for launch in launches[0::2]}   # grid, chunk, kernel
-    assert partials == {((plan.n_chunks, hkv, 3), plan.chunk, spec)}, "the split of 4096 rows, each time"
-    merges = {(launch[1], launch[4][2:7], launch[5]) for launch in launches[1::2]}   # grid, tables to chunk, kernel
+    assert partials == {(plan.grid(p), plan.chunk, spec)}, "the split of 4096 rows, each time"
+    merges = {(launch[1], launch[4][2:7], launch[5]) for launch in launches[1::2]}   # grid, tables to CTAs, kernel
     rows_per_cta = decode.MERGE_WARPS // plan.merge_warps
-    assert merges == {((-(-3 * hq // rows_per_cta), d // 32, 1), (TABLES, paged_decode.MAX_ROWS, hq, plan.n_chunks,
-                                                                  plan.chunk), spec)}, \
-        "merged over the same chunks"
+    n_rows = plan.balanced * (hq // hkv)   # a row per (CTA, head of a group)
+    assert merges == {((-(-n_rows // rows_per_cta), d // 32, 1), (TABLES, paged_decode.MAX_ROWS, hq, plan.balanced,
+                                                                 plan.chunk), spec)}, \
+        "merged over the same shares"
     assert planned([100, 0, 33], hq, hkv, d)._layout.max_rows == 100, "without it: the longest request"
     for bad in (99, 1 << 31, 100.0, True):
         with pytest.raises(ValueError, match=r"max_kv_len must be an int from the longest request's rows \(100\)"):

@@ -126,6 +126,23 @@ def test_split_requests_merge_in_clusters(page_size, chunk_size, cluster):
     check(o, lse, expected(q, k, v, tables, "NHD", scale=0.3), lens, "bfloat16")
 
 
+@pytest.mark.parametrize("page_size", [1, 16, 128])   # gathered, a TMA box a page, pages longer than a tile
+def test_few_long_requests_take_the_balanced_split(page_size):
+    """Few long requests (the planner's balanced split: CTAs share every request's and KV head's
+    tiles, crossing requests): lengths 0, 1, 4097, 9000 and random, a request without pages among
+    them, shared prefix pages; against float64."""
+    lens = [9000, 0, 1, 4097] + np.random.default_rng(page_size).integers(0, 9001, 4).tolist()
+    hq, hkv, d = 32, 4, 128
+    dev = runtime.device_info(0)
+    from pykda.ops import decode as dec_op
+    plan = dec_op.plan_decode(dec_op.DecodeProblem(max(lens), hq, hkv, d, "bfloat16", len(lens)), dev.sm_count,
+                              dev.smem_per_sm, uneven=True, balanced=None)
+    assert plan.balanced, plan
+    q, k, v, tables = make(lens, page_size, hq, hkv, d, "bfloat16", "NHD", seed=40 + page_size)
+    o, lse = decode(q, k, v, tables, page_size, "NHD", hkv)
+    check(o, lse, expected(q, k, v, tables, "NHD"), lens, "bfloat16")
+
+
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_max_kv_len_plans_for_longer_requests(page_size):
     """plan(max_kv_len=) far above the longest request: the split's spare chunks find no rows

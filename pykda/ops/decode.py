@@ -130,6 +130,12 @@ def merge_warps(rows: int, head_dim: int, n_chunks: int, sm_count: int) -> int:
     return w
 
 
+def merge_rows(p: DecodeProblem, balanced: int) -> int:
+    """decode_merge's rows: one per (CTA, head of a group) of a balanced split of `balanced` CTAs,
+    else one per (sequence, query head)."""
+    return balanced * p.group if balanced else p.batch * p.q_heads
+
+
 CLUSTERS = (2, 4, 8)   # portable thread block cluster sizes: a split of at most 8 chunks merges in one
 
 
@@ -208,7 +214,7 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
     is of full lengths still, but the smallest chunk within UNEVEN_SLACK of the least wins, as
     shorter CTAs end a batch of uneven lengths sooner (its longest sequences' CTAs are its tail).
     A split of at most 8 chunks merges them in thread block clusters where `cluster_pays`.
-    `balanced` (padded caches, at most BALANCED_MAX_BATCH sequences): instead of chunks, one round
+    `balanced` (at most BALANCED_MAX_BATCH sequences, padded or paged): instead of chunks, one round
     of CTAs (the GPU's slots) shares every sequence's and KV head's tiles evenly, the lengths read
     on the device; a CTA's share may cross sequences and heads, and decode_merge merges the units
     it splits. None: where `balanced_pays`, for uneven lengths and no chunk size given.
@@ -242,11 +248,11 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
         units = p.batch * p.kv_heads
         return DecodePlan(chunk=block_n, block_n=block_n, stages=stages, n_chunks=1, head_blocks=head_blocks,
                           heads_per_cta=heads_per_cta, smem=smem_bytes(p.head_dim, block_n, stages),
-                          merge_warps=merge_warps(slots * p.group, p.head_dim, -(-slots // units) + 1, sm_count),
+                          merge_warps=merge_warps(merge_rows(p, slots), p.head_dim, -(-slots // units) + 1, sm_count),
                           balanced=slots)
     return DecodePlan(chunk=tiles * block_n, block_n=block_n, stages=stages, n_chunks=n_chunks, head_blocks=head_blocks,
                       heads_per_cta=heads_per_cta, smem=smem_bytes(p.head_dim, block_n, stages),
-                      merge_warps=merge_warps(p.batch * p.q_heads, p.head_dim, n_chunks, sm_count),
+                      merge_warps=merge_warps(merge_rows(p, 0), p.head_dim, n_chunks, sm_count),
                       cluster=merge_cluster(n_chunks) if cluster_pays(tiles, n_chunks * units, slots) else 0)
 
 
@@ -455,7 +461,7 @@ def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q:
                              plan.grid(p), (WARPS + 1) * 32, plan.smem),)
     if plan.merge_launch:
         i32 = np.int32
-        n_rows = plan.balanced * p.group if plan.balanced else p.batch * p.q_heads
+        n_rows = merge_rows(p, plan.balanced)
         rows_per_cta = MERGE_WARPS // plan.merge_warps
         merge_args = (at["ws_o"], at["ws_lse"], at["kv_lens"], i32(max_rows), i32(p.q_heads), i32(plan.grid_chunks),
                       i32(plan.chunk), at["out"], *row_strides(out_strides, batched), at["lse"],

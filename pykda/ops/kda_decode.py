@@ -164,10 +164,10 @@ def plan_kda_decode(p: KdaDecodeProblem, sm_count: int, smem_per_sm: int, rpt: i
 # The tensor-core step (kda_decode_mma): bf16 V-first pools, T tokens a sequence (not packed), the
 # state after the last only, 1-D state_indices, no target verify; the planner's choice there for
 # MMA_MIN_TOKENS <= T <= MMA_MAX_TOKENS (measured at B 64 H 32 K 128, µs against the recurrent kernel's:
-# softplus gate T 2 44.1 / 48.9, T 4 47.2 / 76.3, T 8 65.2 / 133.1, and T 1 45.0 / 37.7; vLLM's precomputed
-# gate, one version before, T 2 44.8 / 44.1, T 3 47.3 / 56.8). An explicit rows_per_thread or stages keeps
-# the recurrent kernel.
-MMA_MIN_TOKENS = 3
+# softplus gate T 2 43.7 / 48.9, T 3 45.8 / 62.4, T 4 47.2 / 76.3, T 8 65.2 / 133.1, and T 1 45.0 / 37.7;
+# vLLM's precomputed gate T 2 43.7 / 44.5, T 3 45.6 / 57.1; at B 8 T 2 11.2-11.4 / 11.5-12.4). An explicit
+# rows_per_thread or stages keeps the recurrent kernel.
+MMA_MIN_TOKENS = 2
 MMA_MAX_TOKENS = 8
 MMA_SIGNATURE = (int,) * 5 + (18 * 8,) + (int,) * 3 + (np.int32, np.int64, int, np.int32, int, float, float, np.int32)
 

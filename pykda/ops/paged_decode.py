@@ -151,7 +151,8 @@ def prepare_paged(q, k, v, out, layout: PagedLayout) -> decode.DecodeCall:
     workspace, the tensor maps of the run's caches and the stream."""
     p = validate_paged(q, k, v, out, layout)
     runtime.require_gpu()
-    plan, spec = decode.plan_for(p, q.device, layout.chunk_size, layout.stages, layout.page_size, uneven=p.batch > 1)
+    plan, spec = decode.plan_for(p, q.device, layout.chunk_size, layout.stages, layout.page_size, uneven=p.batch > 1,
+                                 balanced=None)
     (num_pages, _, _, _), (page_stride, row_stride, head_stride, _) = decode.kv_view(k, True, layout.kv_layout)
     if layout.page_size < decode.TMA_MIN_PAGE:
         k_maps = v_maps = _no_map
