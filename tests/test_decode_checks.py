@@ -4,7 +4,9 @@ import pytest
 
 import pykda
 from pykda.ops import decode
-from pykda.ops.decode import TILE_ROWS, DecodeProblem, plan_decode, validate_decode
+from pykda.ops import decode
+from pykda.ops.decode import (SPREAD_MAX_TILES, SPREAD_MIN_CTAS, TILE_ROWS, DecodeProblem, plan_decode,
+                               validate_decode)
 from fakes import BASE, device_array as arr
 from pykda.runtime.arrays import as_device_array
 
@@ -128,9 +130,41 @@ def test_plan_covers_every_row_and_fills_the_gpu(S, hq, hkv):
     assert plan.n_chunks == -(-S // plan.chunk)
     assert (plan.n_chunks - 1) * plan.chunk < S <= plan.n_chunks * plan.chunk
     ctas = plan.n_chunks * hkv * plan.head_blocks
-    if S >= 8192:
+    if S >= 8192 and not plan.cluster:
         assert ctas >= 132, "every SM gets work"
     assert plan.split == (plan.n_chunks > 1)
+
+
+@pytest.mark.parametrize("S, hq, hkv, d, chunks", [(8192, 16, 16, 128, 8), (4096, 32, 8, 128, 8), (8192, 32, 32, 128, 4),
+                                                   (4097, 128, 8, 256, 8)])
+def test_short_splits_of_few_ctas_spread_in_clusters(S, hq, hkv, d, chunks):
+    """Where 2-8 chunks of at most SPREAD_MAX_TILES tiles, in clusters, fill at most half the
+    GPU's slots with at least SPREAD_MIN_CTAS CTAs, those are the plan (spread_tiles' measurements)."""
+    plan = plan_decode(DecodeProblem(S, hq, hkv, d, "bfloat16"), **H200)
+    n_tiles = -(-S // plan.block_n)
+    assert (plan.n_chunks, plan.cluster) == (chunks, chunks)
+    assert plan.chunk == -(-n_tiles // chunks) * plan.block_n <= SPREAD_MAX_TILES * plan.block_n
+    assert chunks * hkv * plan.head_blocks >= SPREAD_MIN_CTAS
+    assert not plan.merge_launch
+
+
+@pytest.mark.parametrize("S, hq, hkv, d", [(50000, 64, 8, 128), (65536, 128, 8, 128), (32768, 16, 16, 64),
+                                           (65537, 8, 1, 256), (131072, 32, 8, 128)])
+def test_long_chunks_or_many_ctas_keep_the_cost_pick(S, hq, hkv, d, request):
+    """Chunks of more than SPREAD_MAX_TILES tiles (they stream slower on few SMs) and grids of
+    under SPREAD_MIN_CTAS CTAs keep the cost's pick: the plan of a planner without the rule."""
+    p = DecodeProblem(S, hq, hkv, d, "bfloat16")
+    plan = plan_decode(p, **H200)
+    request.getfixturevalue("cost_pick")
+    assert plan == plan_decode(p, **H200)
+
+
+def test_spread_only_where_the_planner_picks_the_chunks():
+    """A chunk size given, or lengths on the device (uneven), keep the cost's chunks."""
+    p = DecodeProblem(8192, 32, 32, 128, "bfloat16")
+    assert plan_decode(p, **H200).cluster == 4
+    assert plan_decode(p, **H200, uneven=True).n_chunks == 8 and plan_decode(p, **H200, uneven=True).cluster == 0
+    assert plan_decode(p, **H200, chunk_size=1024).n_chunks == 8
 
 
 def test_plan_groups_query_heads_per_kv_head():
@@ -158,6 +192,15 @@ def test_plan_chunk_override_and_its_check():
     assert plan_decode(p, chunk_size=np.int64(512), **H200).n_chunks == 16
 
 
+@pytest.fixture
+def cost_pick(monkeypatch):
+    """The planner without `spread_tiles`: its chunks are the cost's pick."""
+    monkeypatch.setattr(decode, "SPREAD_MIN_CTAS", 1 << 30)
+    plan_decode.cache_clear()
+    yield
+    plan_decode.cache_clear()
+
+
 def _waves(p, plan, sm_count=132, smem_per_sm=233472):
     slots = sm_count * decode.ctas_per_sm(p.head_dim, plan.block_n, plan.stages, smem_per_sm)
     return -(-(plan.n_chunks * p.batch * p.kv_heads * plan.head_blocks) // slots)
@@ -178,7 +221,7 @@ def _waves(p, plan, sm_count=132, smem_per_sm=233472):
     (131072, 32, 8, 128, 1, 63, 33, 1),   # 2048 tiles: 33 x 8 = 264 (the last of 32 tiles), 68.56 (64 x 32: 69.5)
     (65536, 128, 8, 128, 1, 32, 32, 1),   # 1024 tiles: 32 x 8 = 256, 33.5 + 4 = 37.5 (33: 38.5; 16, 2 waves: 41)
 ])
-def test_plan_takes_chunks_of_any_tile_count(S, hq, hkv, d, batch, tiles, n_chunks, waves):
+def test_plan_takes_chunks_of_any_tile_count(S, hq, hkv, d, batch, tiles, n_chunks, waves, cost_pick):
     """The chunk is a kernel argument: the planner prices every tile count, so 64/8 S=50000 D128
     runs 33 chunks of 24 tiles (1536 rows, the last of 848) in one wave on an H200 rather than 98
     of 8 in three."""
@@ -206,7 +249,7 @@ def _every_tile_count(p, sm_count=132, smem_per_sm=233472, uneven=False):
     return min(t for t, cost in costs.items() if cost <= least) * bn
 
 
-def test_plan_is_the_scan_of_every_tile_count():
+def test_plan_is_the_scan_of_every_tile_count(cost_pick):
     """`chunk_tile_counts` prices the first tile count of each run of one chunk count only: the
     same pick, of full lengths and of uneven ones."""
     rng = np.random.default_rng(13)

@@ -156,6 +156,23 @@ def cluster_pays(tiles: int, ctas: int, slots: int) -> bool:
     return ctas > slots or tiles == 1
 
 
+def spread_tiles(units: int, n_tiles: int, slots: int) -> int:
+    """Tiles a chunk where a split the cost picked is short enough to spread: 8, 4 or 2 chunks of
+    at most SPREAD_MAX_TILES tiles, merged in clusters, whose CTAs fill at most half the GPU's
+    `slots` but at least SPREAD_MIN_CTAS; 0 where none. Clusters spread a small grid over the
+    GPCs and save decode_merge's launch, which a short chunk cannot hide: H200, µs, the cost's
+    chunks -> these: 16/16 heads KV 8192 25.6 -> 22.9 (8 chunks), 32/8 KV 4096 14.6 -> 12.6 (8),
+    32/32 KV 8192 40.4 -> 39.5 (4), 128/8 KV 4097 D 256 21.2 -> 18.0 (8). Longer chunks stream
+    slower on so few SMs: 64/8 KV 50000 58.1 -> 61.1 (8 chunks of 98 tiles), 128/8 KV 65536 73.3
+    -> 76.0 (128 tiles), 16/16 KV 32768 D 64 40.6 -> 48.9 (4 of 64)."""
+    for n in reversed(CLUSTERS):
+        tiles = -(-n_tiles // n)
+        chunks = -(-n_tiles // tiles)
+        if chunks > 1 and tiles <= SPREAD_MAX_TILES and SPREAD_MIN_CTAS <= units * chunks <= slots // 2:
+            return tiles
+    return 0
+
+
 def merge_cost(n_chunks: int) -> float:
     """A split's cost beyond its waves, in tile times: decode_merge's launch and reads, and each
     chunk's partial (written, then read) and its own prologue. Fitted on the H200: 64/8 heads at
@@ -167,6 +184,8 @@ UNEVEN_SLACK = 0.05   # of the least full-length cost, spent on shorter chunks w
 BALANCED_MAX_BATCH = 1024   # the balanced split's CTAs each scan every length: batches up to this many
 BALANCED_UNIT_COST = 1      # the balanced split's fixed cost of a (sequence, KV head), in tiles of streaming
 BALANCED_MIN_TILES = 64     # the planner's balanced split: for kv_len of at least this many tiles
+SPREAD_MIN_CTAS = 64        # a short split in clusters (`spread_tiles`): at least this many CTAs,
+SPREAD_MAX_TILES = 32       # chunks of at most this many tiles
 
 
 def balanced_pays(p: DecodeProblem, block_n: int, per_sm: int, sm_count: int) -> bool:
@@ -213,7 +232,8 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
     `uneven`: the sequences' lengths are not known here (kv_lens on the device, pages): the cost
     is of full lengths still, but the smallest chunk within UNEVEN_SLACK of the least wins, as
     shorter CTAs end a batch of uneven lengths sooner (its longest sequences' CTAs are its tail).
-    A split of at most 8 chunks merges them in thread block clusters where `cluster_pays`.
+    A split of at most 8 chunks merges them in thread block clusters where `cluster_pays`; a short
+    split of few heads takes 2-8 chunks in clusters instead where `spread_tiles` finds them.
     `balanced` (at most BALANCED_MAX_BATCH sequences, padded or paged): instead of chunks, one round
     of CTAs (the GPU's slots) shares every sequence's and KV head's tiles evenly, the lengths read
     on the device; a CTA's share may cross sequences and heads, and decode_merge merges the units
@@ -240,6 +260,14 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
         least = min(costs)[0] * (1 + UNEVEN_SLACK if uneven else 1)
         tiles = next(t for cost, t in costs if cost <= least)
     n_chunks = -(-n_tiles // tiles)
+    spread = 0 if chunk_size is not None or uneven or balanced or n_chunks == 1 else spread_tiles(units, n_tiles, slots)
+    if spread:
+        tiles, n_chunks = spread, -(-n_tiles // spread)
+        return DecodePlan(chunk=tiles * block_n, block_n=block_n, stages=stages, n_chunks=n_chunks,
+                          head_blocks=head_blocks, heads_per_cta=heads_per_cta,
+                          smem=smem_bytes(p.head_dim, block_n, stages),
+                          merge_warps=merge_warps(merge_rows(p, 0), p.head_dim, n_chunks, sm_count),
+                          cluster=merge_cluster(n_chunks))
     if balanced is None:
         balanced = uneven and chunk_size is None and balanced_pays(p, block_n, slots // sm_count, sm_count)
     if balanced:
