@@ -6,6 +6,7 @@ import json
 import sys
 import types
 
+import numpy as np
 import pytest
 
 from pykda import reference
@@ -284,7 +285,7 @@ def decode_on_cpu(monkeypatch):
     calls = []
     monkeypatch.setattr(decode, "D", 8)
     monkeypatch.setattr(decode, "flash_decode", _flash_decode_stub(calls))
-    monkeypatch.setattr(decode, "_reference", _reference_of)
+    monkeypatch.setattr(decode, "float64_outputs", _reference_of)
     monkeypatch.setattr(decode, "_sdpa_peer", lambda backend, q, k_hnd, v_hnd: (
         lambda: None, _flash_decode_stub([])(q, k_hnd, v_hnd, True, "HND")))
     monkeypatch.setattr(decode, "_compile_peer", lambda q, k, v: (None, "n/a"))
@@ -420,3 +421,75 @@ def test_flashinfer_paged_peer_is_absent_without_flashinfer(monkeypatch):
     from pykda.bench import paged_decode
     monkeypatch.setitem(sys.modules, "flashinfer", None)   # import flashinfer raises ImportError
     assert paged_decode._flashinfer_paged(None, None, None, [0], [], [], "NHD", 16) is None
+
+
+def _rows_of_pages(pages, indptr, indices, lens, b):
+    """Request b's first lens[b] rows [Hkv, n, D] gathered from HND pages [P, Hkv, page, D] by its table."""
+    idx = torch.as_tensor(indices)[indptr[b]:indptr[b + 1]].long()
+    hkv, page, d = pages.shape[1:]
+    return pages[idx].transpose(0, 1).reshape(hkv, -1, d)[:, :lens[b]]
+
+
+@needs_torch
+@pytest.mark.parametrize("page", [16, 1, 5])
+def test_shuffled_pages_hold_each_requests_rows(page):
+    """Request b's pages, read in the table's order, hold its first lens[b] rows; its last page
+    holds kv_last_page_len[b] of them; the pool is a permutation (pages shuffled)."""
+    from pykda.bench import paged_decode
+    x = torch.randn(3, 2, 37, 4)
+    lens = [37, 5, 16]
+    pages, indptr, indices, last = paged_decode.shuffled_pages(x, lens, page, seed=3)
+    n = [-(-length // page) for length in lens]
+    assert indptr.tolist() == [0, n[0], n[0] + n[1], sum(n)] and pages.shape == (sum(n), 2, page, 4)
+    assert sorted(indices.tolist()) == list(range(sum(n)))
+    if page > 1:
+        assert indices.tolist() != list(range(sum(n))), "shuffled"
+    assert last.tolist() == [length - (k - 1) * page for length, k in zip(lens, n)]
+    for b in range(3):
+        assert torch.equal(_rows_of_pages(pages, indptr, indices, lens, b), x[b, :, :lens[b]])
+
+
+@needs_torch
+def test_paged_grid_rows_against_flashinfer_and_padded(decode_on_cpu, bench_main, monkeypatch, capsys):
+    """--grid: the decode grid's batched rows only, pykda's paged run on each page size against
+    FlashInfer's two paths on the same pages and the padded kernel, errors against float64 and a
+    summary line per page size."""
+    from pykda.bench import paged_decode
+    monkeypatch.setattr(paged_decode, "GRID", [(1, 4, 2, 8, 16, False), (3, 4, 1, 8, 24, True), (2, 4, 2, 16, 20, False)])
+    monkeypatch.setattr(paged_decode, "GRID_PAGES", (16, 1))
+    monkeypatch.setattr(paged_decode, "float64_outputs", _reference_of)
+    monkeypatch.setattr(paged_decode, "flash_decode", _flash_decode_stub([]))
+    monkeypatch.setattr(paged_decode.timing, "start", lambda flush="read": (_Timer(), 4.0))
+
+    class Paged:   # pykda's paged run as float64 over the rows its table names
+        def __init__(self, layout):
+            assert layout == "HND"
+
+        def plan(self, indptr, indices, last, hq, hkv, d, page):
+            self.table = (indptr, indices, [(k - 1) * page + n for k, n in zip(np.diff(indptr), last)])
+
+        def run(self, q, k_pages, v_pages):
+            indptr, indices, lens = self.table
+            rows = [[_rows_of_pages(x, indptr, indices, lens, b).transpose(0, 1)[None] for x in (k_pages, v_pages)]
+                    for b in range(len(lens))]
+            return torch.from_numpy(np.concatenate([_reference_of(q[b:b + 1], k, v) for b, (k, v) in enumerate(rows)]))
+    monkeypatch.setattr(paged_decode, "BatchDecodeWithPagedKVCache", Paged)
+    seen = []
+
+    def fake_fi(q, k_pages, v_pages, indptr, indices, last, layout, page, tensor_cores=False):
+        seen.append((page, tensor_cores, layout))
+        if tensor_cores and page == 1:
+            return None   # a call FlashInfer refuses: '-'
+        dec = Paged(layout)
+        dec.plan(indptr, indices, last, q.shape[1], k_pages.shape[1], q.shape[2], page)
+        return lambda: dec.run(q, k_pages, v_pages)
+    monkeypatch.setattr(paged_decode, "_flashinfer_paged", fake_fi)
+    rows, out = bench_main(["bench", "paged-decode", "--grid"], capsys)
+    assert [(r["batch"], r["D"], r["uneven"]) for r in rows] == [(3, 8, True), (2, 16, False)]
+    assert set(seen) == {(p, tc, "HND") for p in (16, 1) for tc in (False, True)}
+    for r in rows:
+        for page in (16, 1):
+            assert r[f"err_{page}"] < 1e-2 and r[f"err_fi_{page}"] < 1e-2 and r[f"paged_{page}"] == 10.0
+        assert r["fi-tc_1"] is None and r["err_fi-tc_1"] is None and r["err_padded"] < 1e-2
+    assert "paged grid, pages of 16: 2 shapes; paged / padded µs 1.00-1.00; FlashInfer µs / pykda µs: worst 1.00" in out
+    assert "paged grid, pages of 1: 2 shapes" in out and "median 1.00 over 2 shapes" in out

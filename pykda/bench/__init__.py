@@ -24,7 +24,7 @@ SWEEPS = {"decode": ("chunk_size", "stages"), "kda": ("chunk_size", "warps", "st
           "kda-decode": ("rows_per_thread", "stages"), "paged-decode": ()}
 # the sweep, shape and plot options each bench takes; any other given is an error, never ignored
 OPTIONS = {"decode": SWEEPS["decode"] + ("shapes", "plot", "grid"), "kda": SWEEPS["kda"] + ("shapes",),
-           "kda-decode": SWEEPS["kda-decode"] + ("plot",), "paged-decode": ("shapes",)}
+           "kda-decode": SWEEPS["kda-decode"] + ("plot",), "paged-decode": ("shapes", "grid")}
 
 
 def _flag(name: str) -> str:

@@ -80,7 +80,7 @@ def uneven_lengths(batch: int, longest: int, seed: int):
     return lens
 
 
-def _reference(q, k_nhd, v_nhd, lens=None):
+def float64_outputs(q, k_nhd, v_nhd, lens=None):
     """float64 outputs [B, Hq, D] as NumPy (one sequence per pass with `lens`, each its own
     length); CuPy's pool is emptied after, for the torch tensors of the next shape."""
     import cupy as cp
@@ -209,7 +209,7 @@ def run(args):
         kv_lens = torch.as_tensor(lens, dtype=torch.int32).to(q.device) if uneven else None
         rows_read = int(lens.sum()) if uneven else B * S
         nbytes = 2 * rows_read * hkv * d * 2 + 2 * B * hq * d * 2
-        o_ref = _reference(q, k_nhd, v_nhd, lens)
+        o_ref = float64_outputs(q, k_nhd, v_nhd, lens)
 
         def error(o):
             return reference.relative_error(o.float().reshape(B, hq, d).cpu().numpy(), o_ref)
