@@ -263,11 +263,6 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
     spread = 0 if chunk_size is not None or uneven or balanced or n_chunks == 1 else spread_tiles(units, n_tiles, slots)
     if spread:
         tiles, n_chunks = spread, -(-n_tiles // spread)
-        return DecodePlan(chunk=tiles * block_n, block_n=block_n, stages=stages, n_chunks=n_chunks,
-                          head_blocks=head_blocks, heads_per_cta=heads_per_cta,
-                          smem=smem_bytes(p.head_dim, block_n, stages),
-                          merge_warps=merge_warps(merge_rows(p, 0), p.head_dim, n_chunks, sm_count),
-                          cluster=merge_cluster(n_chunks))
     if balanced is None:
         balanced = uneven and chunk_size is None and balanced_pays(p, block_n, slots // sm_count, sm_count)
     if balanced:
@@ -281,7 +276,7 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
     return DecodePlan(chunk=tiles * block_n, block_n=block_n, stages=stages, n_chunks=n_chunks, head_blocks=head_blocks,
                       heads_per_cta=heads_per_cta, smem=smem_bytes(p.head_dim, block_n, stages),
                       merge_warps=merge_warps(merge_rows(p, 0), p.head_dim, n_chunks, sm_count),
-                      cluster=merge_cluster(n_chunks) if cluster_pays(tiles, n_chunks * units, slots) else 0)
+                      cluster=merge_cluster(n_chunks) if spread or cluster_pays(tiles, n_chunks * units, slots) else 0)
 
 
 @functools.lru_cache(maxsize=1024)
