@@ -16,8 +16,9 @@ kda_recurrence and decode_partial hand each ring stage back with every consumer 
 instead of lane 0's after __syncwarp. The shipped hand-back is correct (the producer's wait
 acquires lane 0's release, ordered after the warp's reads by the warp barrier), but racecheck
 credits an arrive to the arriving thread alone and would report the reads of lanes 1..31 as races
-against the producer's refill (examples/racecheck_mbarrier_pipeline.py reproduces it). The other tools check the shipped build.
-On the H200 all four tools report nothing over every test (racecheck: 0 hazards displayed).
+against the producer's refill (examples/racecheck_mbarrier_pipeline.py reproduces it). The other
+tools check the shipped build. On the H200 all four tools report nothing over every test
+(racecheck: 0 hazards displayed).
 
 Allocations come from torch's caching allocator and CuPy's pool, as in serving: memcheck sees an
 access outside the allocator's segments, not one into a neighbouring tensor of the same segment; the

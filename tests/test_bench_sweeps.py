@@ -433,12 +433,13 @@ def _rows_of_pages(pages, indptr, indices, lens, b):
 @needs_torch
 @pytest.mark.parametrize("page", [16, 1, 5])
 def test_shuffled_pages_hold_each_requests_rows(page):
-    """Request b's pages, read in the table's order, hold its first lens[b] rows; its last page
-    holds kv_last_page_len[b] of them; the pool is a permutation (pages shuffled)."""
+    """Request b's pages, read in the table's order, hold its first lens[b] rows of K and of V
+    (one table for both); its last page holds kv_last_page_len[b] of them; the pool is a
+    permutation (pages shuffled)."""
     from pykda.bench import paged_decode
-    x = torch.randn(3, 2, 37, 4)
+    x, y = torch.randn(3, 2, 37, 4), torch.randn(3, 2, 37, 4)
     lens = [37, 5, 16]
-    pages, indptr, indices, last = paged_decode.shuffled_pages(x, lens, page, seed=3)
+    (pages, y_pages), indptr, indices, last = paged_decode.shuffled_pages((x, y), lens, page, seed=3)
     n = [-(-length // page) for length in lens]
     assert indptr.tolist() == [0, n[0], n[0] + n[1], sum(n)] and pages.shape == (sum(n), 2, page, 4)
     assert sorted(indices.tolist()) == list(range(sum(n)))
@@ -447,6 +448,7 @@ def test_shuffled_pages_hold_each_requests_rows(page):
     assert last.tolist() == [length - (k - 1) * page for length, k in zip(lens, n)]
     for b in range(3):
         assert torch.equal(_rows_of_pages(pages, indptr, indices, lens, b), x[b, :, :lens[b]])
+        assert torch.equal(_rows_of_pages(y_pages, indptr, indices, lens, b), y[b, :, :lens[b]]), "one table for both"
 
 
 @needs_torch

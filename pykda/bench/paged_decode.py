@@ -139,21 +139,25 @@ def _print_table(rows):
 GRID_PAGES = (16, 1)   # FlashInfer's and vLLM's usual page, SGLang's token pool
 
 
-def shuffled_pages(x_hnd, lens, page: int, seed: int):
-    """The first lens[b] rows of each request of x_hnd [B, Hkv, S, D] as HND pages [P, Hkv, page, D]
-    in a shuffled pool (rows past a request's length in its last page: zeros or the cache's own):
-    (pages, kv_indptr, kv_indices, kv_last_page_len), the tables as int32 numpy / torch."""
+def shuffled_pages(xs, lens, page: int, seed: int):
+    """The first lens[b] rows of each request of every x [B, Hkv, S, D] in `xs` (K and V) as HND
+    pages [P, Hkv, page, D] in one shuffled pool layout (rows past a request's length in its last
+    page: zeros or the cache's own): (the pages of each x, kv_indptr, kv_indices, kv_last_page_len),
+    the tables as int32 numpy / torch."""
     import torch
-    B, hkv, S, d = x_hnd.shape
+    B, hkv, S, d = xs[0].shape
     n = [-(-int(length) // page) for length in lens]
-    padded = torch.nn.functional.pad(x_hnd, (0, 0, 0, max(n) * page - S)) if max(n) * page > S else x_hnd
-    ordered = torch.cat([padded[b, :, :n[b] * page].reshape(hkv, n[b], page, d).transpose(0, 1) for b in range(B)])
-    perm = torch.randperm(ordered.shape[0], generator=torch.Generator().manual_seed(seed)).to(x_hnd.device)
-    pages = torch.empty_like(ordered)
-    pages[perm] = ordered
+    perm = torch.randperm(sum(n), generator=torch.Generator().manual_seed(seed)).to(xs[0].device)
+
+    def pages_of(x):
+        padded = torch.nn.functional.pad(x, (0, 0, 0, max(n) * page - S)) if max(n) * page > S else x
+        ordered = torch.cat([padded[b, :, :n[b] * page].reshape(hkv, n[b], page, d).transpose(0, 1) for b in range(B)])
+        pages = torch.empty_like(ordered)
+        pages[perm] = ordered
+        return pages
     indptr = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
     last = np.array([int(length) - (k - 1) * page for length, k in zip(lens, n)], np.int32)
-    return pages, indptr, perm.to(torch.int32), last
+    return [pages_of(x) for x in xs], indptr, perm.to(torch.int32), last
 
 
 def run_grid(timer):
@@ -176,8 +180,7 @@ def run_grid(timer):
         row["err_padded"] = reference.relative_error(padded().float().cpu().numpy(), o_ref)
         row["padded"] = timer.median_us(padded)
         for page in GRID_PAGES:
-            (k_pages, indptr, indices, last), (v_pages, *_) = (shuffled_pages(x, lens, page, page)
-                                                                 for x in (k_hnd, v_hnd))
+            (k_pages, v_pages), indptr, indices, last = shuffled_pages((k_hnd, v_hnd), lens, page, seed=page)
             dec = BatchDecodeWithPagedKVCache("HND")
             dec.plan(indptr, indices, last, hq, hkv, d, page)
             paged = functools.partial(dec.run, q, k_pages, v_pages)
