@@ -425,7 +425,8 @@ def test_planner_takes_the_balanced_split_for_few_long_sequences_on_the_device()
     def picks(B, hq, hkv, d, S, uneven=True, chunk_size=None):
         p = DecodeProblem(S, hq, hkv, d, "bfloat16", B)
         return plan_decode(p, **H200, chunk_size=chunk_size, uneven=uneven, balanced=None).balanced > 0
-    assert picks(32, 32, 8, 64, 8192) and picks(32, 64, 4, 128, 65536) and picks(4, 16, 16, 64, 65536)
+    assert picks(16, 32, 8, 64, 8192) and picks(32, 64, 4, 128, 65536) and picks(4, 16, 16, 64, 65536)
+    assert not picks(32, 32, 8, 64, 8192)   # 256 units of two CTAs an SM (D 64 at three stages): chunks
     assert not picks(256, 8, 1, 128, 4096) and not picks(256, 64, 8, 128, 513) and not picks(64, 128, 8, 128, 2048)
     assert not picks(32, 64, 4, 128, 65536, uneven=False) and not picks(32, 64, 4, 128, 65536, chunk_size=1024)
     assert not picks(1, 32, 32, 128, 8192) and not picks(1025, 1, 1, 128, 65536)
@@ -434,11 +435,11 @@ def test_planner_takes_the_balanced_split_for_few_long_sequences_on_the_device()
 def test_balanced_calls_are_keyed_by_the_flag_and_its_type(offline):
     """balanced=None, True and False prepare three calls; 1 is not True (a bad 1 must not find
     the call prepared for True: it raises)."""
-    q, k, v = good(B=32, S=8192, hq=32, hkv=8, d=64)
-    lens = arr((32,), "int32", ptr=BASE * 3)
+    q, k, v = good(B=16, S=8192, hq=32, hkv=8, d=64)
+    lens = arr((16,), "int32", ptr=BASE * 3)
     for flag in (None, True, False):
         pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_lens=lens, balanced=flag)
     grids = [launch[1] for launch in offline["launches"] if launch[0] == "decode_partial"]
-    assert grids[0] == grids[1] == (132, 1, 1) and grids[2][1:] == (8, 32)   # auto: balanced here (D 64, one CTA an SM)
+    assert grids[0] == grids[1] == (264, 1, 1) and grids[2][1:] == (8, 16)   # auto: balanced here (D 64, two CTAs an SM)
     with pytest.raises(TypeError, match="balanced must be None, True or False; got 1"):
         pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_lens=lens, balanced=1)

@@ -148,7 +148,7 @@ def test_short_splits_of_few_ctas_spread_in_clusters(S, hq, hkv, d, chunks):
     assert not plan.merge_launch
 
 
-@pytest.mark.parametrize("S, hq, hkv, d", [(50000, 64, 8, 128), (65536, 128, 8, 128), (32768, 16, 16, 64),
+@pytest.mark.parametrize("S, hq, hkv, d", [(50000, 64, 8, 128), (65536, 128, 8, 128), (131072, 16, 16, 64),
                                            (65537, 8, 1, 256), (131072, 32, 8, 128)])
 def test_long_chunks_or_many_ctas_keep_the_cost_pick(S, hq, hkv, d, request):
     """Chunks of more than SPREAD_MAX_TILES tiles (they stream slower on few SMs) and grids of

@@ -35,7 +35,10 @@ WARPS = 4             # consumer warps; one more warp produces
 MAX_HEADS_PER_CTA = 16
 MAX_GRID_Z = 65535    # grid z = batch x head_blocks
 KV_LAYOUTS = ("NHD", "HND")   # k, v [.., kv_len, num_kv_heads, head_dim] or [.., num_kv_heads, kv_len, head_dim]
-DEFAULT_STAGES = {64: 4, 128: 3, 256: 3}
+DEFAULT_STAGES = {64: 3, 128: 3, 256: 3}   # D 64 at 3 (two CTAs an SM) rather than 4 (one): H200, µs 4 -> 3,
+                                          # 256 x 32/8 KV 2048~ pages of 16 163.0 -> 135.6, of 1 192.7 -> 143.3,
+                                          # padded 145.5 -> 139.9; 16/16 KV 8192 18.0 -> 15.0; at most 3 % lost
+                                          # (16 x 32/4 KV 16384~ 39.7 -> 40.8)
 TMA_MIN_PAGE = 16     # pages of fewer rows are gathered with cp.async rather than TMA boxes
 _REGS_GUESS = {64: 96, 128: 152, 256: 240}   # per thread, for the occupancy estimate
 
@@ -164,7 +167,8 @@ def spread_tiles(units: int, n_tiles: int, slots: int) -> int:
     chunks -> these: 16/16 heads KV 8192 25.6 -> 22.9 (8 chunks), 32/8 KV 4096 14.6 -> 12.6 (8),
     32/32 KV 8192 40.4 -> 39.5 (4), 128/8 KV 4097 D 256 21.2 -> 18.0 (8). Longer chunks stream
     slower on so few SMs: 64/8 KV 50000 58.1 -> 61.1 (8 chunks of 98 tiles), 128/8 KV 65536 73.3
-    -> 76.0 (128 tiles), 16/16 KV 32768 D 64 40.6 -> 48.9 (4 of 64)."""
+    -> 76.0 (128 tiles), 16/16 KV 32768 D 64 40.6 -> 48.9 (4 of 64, one CTA an SM at four stages;
+    at D 64's three, 8 chunks of 32 tiles: 40.4 -> 37.8)."""
     for n in reversed(CLUSTERS):
         tiles = -(-n_tiles // n)
         chunks = -(-n_tiles // tiles)
@@ -192,8 +196,9 @@ def balanced_pays(p: DecodeProblem, block_n: int, per_sm: int, sm_count: int) ->
     """Where the planner takes the balanced split for lengths on the device: long sequences
     (kv_len >= BALANCED_MIN_TILES tiles) and few of them: (sequence, KV head) units x CTAs per
     SM <= 2 x SMs (a unit an SM where two CTAs fit, two where one does). Measured on the H200
-    (uneven lengths up to kv_len, µs chunked -> balanced): 32 x 32/8 heads KV 8192 D 64 103 -> 89,
-    32 x 64/4 KV 65536 531 -> 502, 4 x 16/16 KV 65536 D 64 209 -> 203; with more or shorter units
+    (uneven lengths up to kv_len, µs chunked -> balanced): 32 x 32/8 heads KV 8192 D 64 103 -> 89 at
+    four stages (one CTA an SM; at D 64's three since session 33 it takes the chunks, 91.5 against
+    89.4 balanced), 32 x 64/4 KV 65536 531 -> 502, 4 x 16/16 KV 65536 D 64 209 -> 203; with more or shorter units
     the chunks win (their many short CTAs balance on the GPU's scheduler, and the balanced split's
     merge is a launch they do not need): 256 x 8/1 KV 4096 78 -> 83, 256 x 64/8 KV 513 75 -> 89;
     and single sequences, whose chunks are even anyway (32/32 KV 8192 40.6 -> 44.7)."""
