@@ -196,12 +196,13 @@ def balanced_pays(p: DecodeProblem, block_n: int, per_sm: int, sm_count: int) ->
     """Where the planner takes the balanced split for lengths on the device: long sequences
     (kv_len >= BALANCED_MIN_TILES tiles) and few of them: (sequence, KV head) units x CTAs per
     SM <= 2 x SMs (a unit an SM where two CTAs fit, two where one does). Measured on the H200
-    (uneven lengths up to kv_len, µs chunked -> balanced): 32 x 32/8 heads KV 8192 D 64 103 -> 89 at
-    four stages (one CTA an SM; at D 64's three since session 33 it takes the chunks, 91.5 against
-    89.4 balanced), 32 x 64/4 KV 65536 531 -> 502, 4 x 16/16 KV 65536 D 64 209 -> 203; with more or shorter units
-    the chunks win (their many short CTAs balance on the GPU's scheduler, and the balanced split's
-    merge is a launch they do not need): 256 x 8/1 KV 4096 78 -> 83, 256 x 64/8 KV 513 75 -> 89;
-    and single sequences, whose chunks are even anyway (32/32 KV 8192 40.6 -> 44.7)."""
+    (uneven lengths up to kv_len, µs chunked -> balanced): 32 x 32/8 heads KV 8192 D 64 103 -> 89
+    at four stages (one CTA an SM; at D 64's three since session 33 it takes the chunks, 91.5
+    against 89.4 balanced), 32 x 64/4 KV 65536 531 -> 502, 4 x 16/16 KV 65536 D 64 209 -> 203;
+    with more or shorter units the chunks win (their many short CTAs balance on the GPU's
+    scheduler, and the balanced split's merge is a launch they do not need): 256 x 8/1 KV 4096 78
+    -> 83, 256 x 64/8 KV 513 75 -> 89; and single sequences, whose chunks are even anyway (32/32
+    KV 8192 40.6 -> 44.7)."""
     return (p.batch > 1 and p.batch <= BALANCED_MAX_BATCH and p.kv_len >= BALANCED_MIN_TILES * block_n
             and p.batch * p.kv_heads * per_sm <= 2 * sm_count)
 
