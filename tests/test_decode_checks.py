@@ -136,7 +136,7 @@ def test_plan_covers_every_row_and_fills_the_gpu(S, hq, hkv):
 
 
 @pytest.mark.parametrize("S, hq, hkv, d, chunks", [(8192, 16, 16, 128, 8), (4096, 32, 8, 128, 8), (8192, 32, 32, 128, 4),
-                                                   (4097, 128, 8, 256, 8)])
+                                                   (4097, 128, 8, 256, 8), (32768, 16, 16, 64, 8)])
 def test_short_splits_of_few_ctas_spread_in_clusters(S, hq, hkv, d, chunks):
     """Where 2-8 chunks of at most SPREAD_MAX_TILES tiles, in clusters, fill at most half the
     GPU's slots with at least SPREAD_MIN_CTAS CTAs, those are the plan (spread_tiles' measurements)."""
