@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kda: comma list of chunks per segment to sweep (0: the serial chain; auto: the planner's)")
     b.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
     b.add_argument("--grid", action="store_true",
-                   help="decode: issue 13's grid of 40 shapes (head ratios, D 64/128/256, lengths 1..1M, uneven "
+                   help="decode: issue 13's grid of 42 shapes (head ratios, D 64/128/256, lengths 1..1M, uneven "
                         "batches) with a summary line: pykda against the best peer, worst and median; paged-decode: "
                         "the grid's batches on shuffled pages of 16 and 1 rows against FlashInfer's paged wrapper")
     b.add_argument("--shapes", default=None,

@@ -41,7 +41,8 @@ GRID += [(b, hq, hkv, d, s, uneven) for b, hq, hkv, d, s, uneven in (
     (16, 64, 8, 128, 16384, True), (32, 32, 8, 64, 8192, True), (64, 32, 8, 128, 4096, False),
     (64, 32, 8, 128, 8192, True), (64, 128, 8, 128, 2048, True), (128, 16, 16, 128, 3000, True),
     (128, 32, 4, 256, 1024, True), (256, 32, 8, 128, 1024, False), (256, 32, 8, 64, 2048, True),
-    (256, 64, 8, 128, 513, True), (256, 8, 1, 128, 4096, True), (32, 64, 4, 128, 65536, True))]
+    (256, 64, 8, 128, 513, True), (256, 8, 1, 128, 4096, True), (32, 64, 4, 128, 65536, True),
+    (256, 32, 8, 128, 64, True), (256, 32, 4, 256, 32, True))]   # the last two: batches of one-tile sequences
 GRID_COPY_BYTES = 64 << 20   # rows with at least this much KV are also timed against a copy of their bytes
 
 

@@ -32,6 +32,12 @@ PYKDA_DEVICE void mbar_wait(uint64_t* bar, uint32_t phase) {
       "r"(phase)
       : "memory");
 }
+// A ring producer's wait before its i-th fill (into stage i % STAGES): the consumers have released
+// that stage's previous fill, the phase of round i / STAGES - 1 (the first round has none).
+template <int STAGES>
+PYKDA_DEVICE void wait_stage_free(uint64_t* empty_bar, int i) {
+  if (i >= STAGES) mbar_wait(&empty_bar[i % STAGES], ((i / STAGES) - 1) & 1);
+}
 
 // ---- bulk tensor copies global -> shared, completing on an mbarrier ----
 PYKDA_DEVICE void tma_prefetch_desc(const TensorMap* map) {
