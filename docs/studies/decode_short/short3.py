@@ -16,17 +16,17 @@ from pykda.ops import decode
 from pykda.runtime.arrays import CallArrays
 
 timer, _ = timing.start("read")
-# (B, Hq, Hkv, longest S, D); lengths uneven 1..S
+# (B, Hq, Hkv, longest S, D); lengths uneven 1..S (B = 1: S rows, no kv_lens, as a single sequence's call)
 ROWS = [(256, 32, 8, 64, 128), (512, 32, 8, 64, 128), (256, 64, 8, 33, 128), (64, 32, 8, 64, 128),
-        (256, 32, 8, 64, 64), (256, 32, 4, 32, 256), (256, 32, 8, 128, 128)]
+        (256, 32, 8, 64, 64), (256, 32, 4, 32, 256), (256, 32, 8, 128, 128), (1, 32, 8, 17, 64)]
 # (label, stages, MIN_CTAS, consumer warps); stages 1 bypasses check_stages (a one-tile CTA fills one
 # stage). Registers / stack bytes (NVRTC 13.0, offline): D 128 four warps 157 / 0, x3 128 / 64; two
 # warps 168 / 0 at 3 stages, 216 / 0 at 1, 168 / 24 at 1 x4; D 64 two warps 127 / 0, x6 96 / 8;
-# D 256 two warps 255 / 24
+# D 256 two warps 255 / 24; one warp (no merge between warps) D 64 128 / 0, D 128 236 / 0
 VARIANTS = {128: [("3 st", 3, 0, 4), ("2 st", 2, 0, 4), ("2 st x3", 2, 3, 4), ("1 st x3", 1, 3, 4),
-                  ("2w 2 st", 2, 0, 2), ("2w 1 st", 1, 0, 2), ("2w 1 st x4", 1, 4, 2)],
+                  ("2w 2 st", 2, 0, 2), ("2w 1 st", 1, 0, 2), ("2w 1 st x4", 1, 4, 2), ("1w 1 st", 1, 0, 1)],
             64: [("3 st", 3, 0, 4), ("2 st", 2, 0, 4), ("1 st x4", 1, 4, 4), ("1 st x6", 1, 6, 4),
-                 ("2w 1 st", 1, 0, 2), ("2w 1 st x6", 1, 6, 2)],
+                 ("2w 1 st", 1, 0, 2), ("2w 1 st x6", 1, 6, 2), ("1w 1 st", 1, 0, 1)],
             256: [("3 st", 3, 0, 4), ("1 st", 1, 0, 4), ("1 st x2", 1, 2, 4), ("2w 1 st", 1, 0, 2)]}
 
 
@@ -48,7 +48,7 @@ def variant_call(q, k, v, kl, stages, min_ctas, warps):
     finally:
         decode.decode_spec, decode.check_stages, decode.WARPS = spec_of, check, default_warps
     return lambda: decode.launch(call, CallArrays((q, k, v, None, kl), decode.ARGUMENTS, decode.REQUIRED), None,
-                                 None, False, kl.data_ptr())
+                                 None, False, 0 if kl is None else kl.data_ptr())
 
 
 for B, hq, hkv, S, d in ROWS:
@@ -56,7 +56,7 @@ for B, hq, hkv, S, d in ROWS:
     k = torch.randn(B, hkv, S, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     lens = uneven_lengths(B, S, seed=S + B)
-    kl = torch.as_tensor(np.asarray(lens, np.int32)).cuda()
+    kl = torch.as_tensor(np.asarray(lens, np.int32)).cuda() if B > 1 else None
     fns = {label: variant_call(q, k, v, kl, st, mc, w) for label, st, mc, w in VARIANTS[d]}
     fns["balanced"] = lambda: decode.flash_decode(q, k, v, batched=True, kv_layout="HND", kv_lens=kl, balanced=True)
     ref = fns["3 st"]().float()
