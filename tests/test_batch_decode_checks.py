@@ -299,19 +299,23 @@ def test_bad_layout_raises_before_any_launch(offline):
 
 
 def test_decode_family_registers_every_kernel_the_planner_picks():
-    """One kernel per head dim, dtype, cache (padded or each page size) and unsplit, split with
-    decode_merge or split in a cluster of 2, 4 or 8, and for head dim 64 the short tile's unsplit
-    one; and the balanced split's (head dim 64 in both tiles), for every cache: the registry holds
-    all 280, which cover the planner's pick for any problem and chunk."""
+    """One kernel per head dim, dtype, cache (padded or each page size), CTA kind (transposed for
+    at most 8 query heads, or not) and unsplit, split with decode_merge or split in a cluster of 2,
+    4 or 8; head dim 64's short tile unsplit; the transposed one-tile kernels (one stage, two warps;
+    head dim 64 in both its tiles); and the balanced split's (head dim 64 in both tiles): the
+    registry holds all 602, which cover the planner's pick for any problem and chunk."""
     from pykda import registry
     from pykda.ops.paged_decode import PAGE_SIZES
     specs = registry.specs("decode", "sm_90a")
-    short = len(decode.DTYPES) * (1 + len(PAGE_SIZES))   # head dim 64's other tile (the others' is 64 rows)
     kinds = 2 + len(decode.CLUSTERS)   # unsplit, merged by decode_merge, merged in each cluster size
-    balanced = (len(decode.HEAD_DIMS) + 1) * len(decode.DTYPES) * (1 + len(PAGE_SIZES))
-    assert len(specs) == len(set(specs)) == \
-        len(decode.HEAD_DIMS) * len(decode.DTYPES) * kinds * (1 + len(PAGE_SIZES)) + short + balanced
-    assert len(specs) == 280
+    one_tile = len(decode.HEAD_DIMS) + 1   # transposed, one stage; head dim 64 has two tiles (the others' is 64 rows)
+    balanced = len(decode.HEAD_DIMS) + 1
+    per_cache = 2 * (len(decode.HEAD_DIMS) * kinds + balanced) + 1 + one_tile   # (+1: head dim 64's short tile, not transposed)
+    caches = len(decode.DTYPES) * (1 + len(PAGE_SIZES))
+    assert len(specs) == len(set(specs)) == caches * per_cache == 602
+    assert sum(s.param_dict["TRANSPOSED"] for s in specs) == caches * (len(decode.HEAD_DIMS) * kinds + balanced + one_tile)
+    one_stage = [s.param_dict for s in specs if s.param_dict["STAGES"] == 1]
+    assert len(one_stage) == caches * one_tile and all(d["TRANSPOSED"] and d["WARPS"] == 2 for d in one_stage)
     specs = set(specs)
     rng = np.random.default_rng(5)
     for _ in range(200):

@@ -4,7 +4,6 @@ import pytest
 
 import pykda
 from pykda.ops import decode
-from pykda.ops import decode
 from pykda.ops.decode import (SPREAD_MAX_TILES, SPREAD_MIN_CTAS, TILE_ROWS, DecodeProblem, plan_decode,
                                validate_decode)
 from fakes import BASE, device_array as arr
@@ -172,6 +171,40 @@ def test_plan_groups_query_heads_per_kv_head():
     assert plan.heads_per_cta == 16 and plan.head_blocks == 2
 
 
+@pytest.mark.parametrize("hq, hkv, heads_per_cta, transposed", [
+    (32, 32, 1, True), (24, 8, 3, True), (32, 4, 8, True),   # groups of at most 8: Sᵀ = K·qᵀ, Oᵀ += Vᵀ·Pᵀ
+    (64, 4, 16, False), (64, 2, 16, False),                 # 16 heads a CTA (two head blocks of 32)
+    (48, 2, 16, False),   # a group of 24: CTAs of 16 and 8 heads run one kernel, sized for 16
+])
+def test_ctas_of_at_most_8_query_heads_run_the_transposed_products(hq, hkv, heads_per_cta, transposed):
+    for S, d in ((1, 64), (1000, 128), (131072, 256)):
+        p = DecodeProblem(S, hq, hkv, d, "bfloat16")
+        plan = plan_decode(p, **H200)
+        assert plan.heads_per_cta == heads_per_cta
+        assert decode.decode_spec(p, plan, "sm_90a").param_dict["TRANSPOSED"] is transposed
+
+
+@pytest.mark.parametrize("S, d, block_n", [(1, 64, 64), (64, 128, 64), (64, 256, 64), (65, 64, 128), (128, 64, 128)])
+def test_one_tile_sequences_stream_through_one_stage(S, d, block_n):
+    """A transposed CTA of one tile fills one stage of ONE_TILE_WARPS consumer warps: more CTAs
+    share an SM. The balanced split walks many tiles (its default stages); a stages override
+    stands (with the default warps); two tiles, or CTAs of 16 heads, take the defaults."""
+    for batch, uneven, hq in ((1, False, 32), (256, True, 32), (3, True, 64)):   # groups of 4, 4 and 8
+        p = DecodeProblem(S, hq, 8, d, "bfloat16", batch)
+        plan = plan_decode(p, **H200, uneven=uneven)
+        assert (plan.block_n, plan.stages, plan.n_chunks) == (block_n, 1, 1)
+        assert plan.warps == decode.ONE_TILE_WARPS
+        assert plan.smem == decode.smem_bytes(d, block_n, 1)
+        assert plan_decode(p, **H200, uneven=uneven, balanced=None).stages == 1
+        assert plan_decode(p, **H200, balanced=True).stages == decode.DEFAULT_STAGES[d]
+        assert plan_decode(p, **H200, stages=2).stages == 2 and plan_decode(p, **H200, stages=2).warps == decode.WARPS
+        longer = p._replace(kv_len=TILE_ROWS[d] + 1)   # two tiles
+        assert plan_decode(longer, **H200).stages == decode.DEFAULT_STAGES[d]
+        assert plan_decode(longer, **H200).warps == decode.WARPS
+    wide = plan_decode(DecodeProblem(S, 64, 4, d, "bfloat16", 256), **H200, uneven=True)   # a group of 16
+    assert (wide.stages, wide.warps) == (decode.DEFAULT_STAGES[d], decode.WARPS)
+
+
 def test_plan_chunk_override_and_its_check():
     p = DecodeProblem(8192, 32, 8, 128, "bfloat16")
     assert plan_decode(p, chunk_size=512, **H200).n_chunks == 16   # 8192 = 16 · 512: 16 chunks
@@ -202,7 +235,7 @@ def cost_pick(monkeypatch):
 
 
 def _waves(p, plan, sm_count=132, smem_per_sm=233472):
-    slots = sm_count * decode.ctas_per_sm(p.head_dim, plan.block_n, plan.stages, smem_per_sm)
+    slots = sm_count * decode.ctas_per_sm(p.head_dim, plan.block_n, plan.stages, smem_per_sm, plan.heads_per_cta, plan.warps)
     return -(-(plan.n_chunks * p.batch * p.kv_heads * plan.head_blocks) // slots)
 
 
@@ -236,9 +269,10 @@ def _every_tile_count(p, sm_count=132, smem_per_sm=233472, uneven=False):
     least cost's smallest tile count (uneven lengths: the smallest within 5 % of the least). A
     sequence has ceil(kv_len / chunk) chunks (the last the remainder, never more than a chunk), so
     each wave costs a whole chunk: waves x (tiles + 1.5), plus the merge when split."""
-    bn, stages = decode.tile_rows(p.head_dim, p.kv_len), decode.DEFAULT_STAGES[p.head_dim]
+    bn, stages = decode.tile_rows(p.head_dim, p.kv_len), decode.DEFAULT_STAGES[p.head_dim]   # (many tiles)
     n_tiles, units = -(-p.kv_len // bn), p.batch * p.kv_heads * p.head_blocks
-    slots = sm_count * decode.ctas_per_sm(p.head_dim, bn, stages, smem_per_sm)
+    slots = sm_count * decode.ctas_per_sm(p.head_dim, bn, stages, smem_per_sm, min(p.group, decode.MAX_HEADS_PER_CTA),
+                                          decode.WARPS)
     costs = {}
     for tiles in range(1, n_tiles + 1):
         n_chunks = -(-p.kv_len // (tiles * bn))

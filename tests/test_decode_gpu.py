@@ -38,7 +38,7 @@ def rel(out, expected):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("d", [64, 128, 256])
-@pytest.mark.parametrize("hq, hkv", [(32, 32), (32, 8), (32, 4), (8, 1)])
+@pytest.mark.parametrize("hq, hkv", [(32, 32), (32, 8), (32, 4), (8, 1), (64, 4)])   # groups 1-8 transposed, 16 not
 @pytest.mark.parametrize("S", [1, 15, 64, 65, 1000, 8192, 131073])
 def test_matches_reference(S, hq, hkv, d, dtype):
     q, k, v = make(S, hq, hkv, d, dtype, seed=S * 7 + hq + d)

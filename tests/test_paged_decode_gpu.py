@@ -84,9 +84,10 @@ def decode(q, k, v, tables, page_size, layout, hkv, **plan_kw):
 
 
 PAGES, HEADS, DIMS, DTYPES = [1, 8, 16, 32, 64, 128], [(8, 8), (32, 8), (64, 8)], [64, 128, 256], ["bfloat16", "float16"]
-# every page size in both layouts, with groups 1/4/8, each head dim and dtype among them
+# every page size in both layouts, with groups 1/4/8 (transposed), each head dim and dtype among them
 CASES = [(page, layout, *HEADS[i % 3], DIMS[i // 3 % 3], DTYPES[i // 2 % 2])
-         for i, (page, layout) in enumerate(itertools.product(PAGES, ("NHD", "HND")))]
+         for i, (page, layout) in enumerate(itertools.product(PAGES, ("NHD", "HND")))] + [
+    (8, "HND", 64, 4, 128, "bfloat16"), (32, "HND", 64, 4, 64, "float16"), (128, "HND", 64, 4, 256, "bfloat16")]   # groups of 16
 
 
 @pytest.mark.parametrize("page_size, layout, hq, hkv, d, dtype", CASES)

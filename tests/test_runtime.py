@@ -118,16 +118,16 @@ def test_cache_key_depends_on_source_and_arch(cache_dir):
 
 def test_compile_cli_prints_one_line_per_kernel(cache_dir):
     env = {**__import__("os").environ, "PYKDA_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-m", "pykda", "compile", "--family", "decode"], env=env,
+    r = subprocess.run([sys.executable, "-m", "pykda", "compile", "--family", "kda"], env=env,
                        capture_output=True, text=True, check=True)
     lines = r.stdout.strip().splitlines()
-    assert len(lines) == len(registry.specs("decode", "sm_90a"))
-    assert all(" s " in line and " B " in line and line.startswith("decode") for line in lines)
+    assert len(lines) == len(registry.specs("kda", "sm_90a"))
+    assert all(" s " in line and " B " in line and line.startswith("kda_") for line in lines)
 
 
 def test_render_cli_prints_source():
     args = [sys.executable, "-m", "pykda", "render", "decode", "D=128", "DTYPE=bf16_t", "BLOCK_N=64", "STAGES=3",
-            "WARPS=4", "SPLIT=True"]
+            "WARPS=4", "TRANSPOSED=True", "SPLIT=True"]
     r = subprocess.run(args + ["MERGE_THREADS=256", "MERGE_COLUMNS=32"], cwd=ROOT, capture_output=True, text=True,
                        check=True)
     assert "constexpr int D = 128;" in r.stdout and "int chunk_rows," in r.stdout, "the chunk is an argument"

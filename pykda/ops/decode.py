@@ -32,6 +32,7 @@ TILE_ROWS = {64: 128, 128: 64, 256: 64}   # KV rows per pipeline tile, by head d
 SHORT_TILE_ROWS = 64   # the tile of a sequence that fits in it, any head dim: a 128-row tile of <= 64
                        # rows leaves warps idle (32/8 heads D 64, KV 16 / 64: 6.26 / 6.40 µs -> 5.98 / 6.04)
 WARPS = 4             # consumer warps; one more warp produces
+ONE_TILE_WARPS = 2    # `one_tile_ctas`' consumer warps
 MAX_HEADS_PER_CTA = 16
 MAX_GRID_Z = 65535    # grid z = batch x head_blocks
 KV_LAYOUTS = ("NHD", "HND")   # k, v [.., kv_len, num_kv_heads, head_dim] or [.., num_kv_heads, kv_len, head_dim]
@@ -40,7 +41,9 @@ DEFAULT_STAGES = {64: 3, 128: 3, 256: 3}   # D 64 at 3 (two CTAs an SM) rather t
                                           # padded 145.5 -> 139.9; 16/16 KV 8192 18.0 -> 15.0; at most 3 % lost
                                           # (16 x 32/4 KV 16384~ 39.7 -> 40.8)
 TMA_MIN_PAGE = 16     # pages of fewer rows are gathered with cp.async rather than TMA boxes
-_REGS_GUESS = {64: 96, 128: 152, 256: 240}   # per thread, for the occupancy estimate
+TRANSPOSED_MAX_HEADS = 8   # CTAs of at most this many query heads run the transposed products
+_REGS_GUESS = {(64, False): 96, (128, False): 152, (256, False): 240,   # per thread, for the occupancy
+               (64, True): 96, (128, True): 128, (256, True): 168}       # estimate, by (D, transposed)
 
 
 class DecodeProblem(NamedTuple):
@@ -71,6 +74,7 @@ class DecodePlan:
     heads_per_cta: int
     smem: int             # dynamic shared memory per CTA, bytes
     merge_warps: int      # decode_merge's warps per (query row, MERGE_COLUMNS columns)
+    warps: int = WARPS    # decode_partial's consumer warps
     cluster: int = 0      # a split merged inside thread block clusters of this many CTAs (0: by decode_merge)
     balanced: int = 0     # CTAs of the balanced split (0: chunks of `chunk` rows per sequence)
 
@@ -110,9 +114,25 @@ def smem_bytes(head_dim: int, block_n: int, stages: int) -> int:
     return stages * stage_bytes(head_dim, block_n) + 1024   # + alignment slack for 1024-byte TMA tiles
 
 
-def ctas_per_sm(head_dim: int, block_n: int, stages: int, smem_per_sm: int) -> int:
+def transposed(heads_per_cta: int) -> bool:
+    """Whether a CTA of this many query heads computes Sᵀ = K·qᵀ and Oᵀ += Vᵀ·Pᵀ, the heads as the
+    mma's 8 columns (half the mma of 16 padded heads, half the output's registers)."""
+    return heads_per_cta <= TRANSPOSED_MAX_HEADS
+
+
+def one_tile_ctas(kv_len: int, block_n: int, heads_per_cta: int, balanced: bool | None) -> bool:
+    """Transposed CTAs of one tile each (every sequence within `block_n` rows, outside the balanced
+    split, which walks many): they run one stage (a one-tile CTA fills one, and the warps' merge
+    buffer fits in it at every head dim) of ONE_TILE_WARPS consumer warps, so more CTAs share an
+    SM. H200, µs, 3 stages / 1 / 1 of 2 warps (FlashInfer): 256 x 32/8 KV 64~ D 128 31.9 / 24.9 /
+    23.8 (24.5), 256 x 32/4 KV 32~ D 256 37.8 / 26.9 / - (25.5), 256 x 32/8 KV 64~ D 64 17.6 / 15.4
+    / 14.5 (17.9)."""
+    return kv_len <= block_n and balanced is not True and transposed(heads_per_cta)
+
+
+def ctas_per_sm(head_dim: int, block_n: int, stages: int, smem_per_sm: int, heads_per_cta: int, warps: int) -> int:
     by_smem = smem_per_sm // (smem_bytes(head_dim, block_n, stages) + 2048)   # + static smem and reserve
-    by_regs = 65536 // ((WARPS + 1) * 32 * _REGS_GUESS[head_dim])
+    by_regs = 65536 // ((warps + 1) * 32 * _REGS_GUESS[head_dim, transposed(heads_per_cta)])
     return max(1, min(by_smem, by_regs))
 
 
@@ -245,12 +265,14 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
     on the device; a CTA's share may cross sequences and heads, and decode_merge merges the units
     it splits. None: where `balanced_pays`, for uneven lengths and no chunk size given.
     """
-    stages = stages or DEFAULT_STAGES[p.head_dim]
+    block_n = tile_rows(p.head_dim, p.kv_len)
     heads_per_cta = min(p.group, MAX_HEADS_PER_CTA)
+    one_tile = one_tile_ctas(p.kv_len, block_n, heads_per_cta, balanced)
+    stages = stages or (1 if one_tile else DEFAULT_STAGES[p.head_dim])
+    warps = ONE_TILE_WARPS if one_tile and stages == 1 else WARPS
     head_blocks = p.head_blocks
     units = p.batch * p.kv_heads * head_blocks
-    block_n = tile_rows(p.head_dim, p.kv_len)
-    slots = sm_count * ctas_per_sm(p.head_dim, block_n, stages, smem_per_sm)
+    slots = sm_count * ctas_per_sm(p.head_dim, block_n, stages, smem_per_sm, heads_per_cta, warps)
     n_tiles = -(-p.kv_len // block_n)
     if chunk_size is not None:
         if not is_int(chunk_size) or not 0 < chunk_size <= MAX_CHUNK_ROWS or chunk_size % block_n:
@@ -281,6 +303,7 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
                           balanced=slots)
     return DecodePlan(chunk=tiles * block_n, block_n=block_n, stages=stages, n_chunks=n_chunks, head_blocks=head_blocks,
                       heads_per_cta=heads_per_cta, smem=smem_bytes(p.head_dim, block_n, stages),
+                      warps=warps,
                       merge_warps=merge_warps(merge_rows(p, 0), p.head_dim, n_chunks, sm_count),
                       cluster=merge_cluster(n_chunks) if spread or cluster_pays(tiles, n_chunks * units, slots) else 0)
 
@@ -291,7 +314,7 @@ def decode_spec(p: DecodeProblem, plan: DecodePlan, arch: str, page_size: int = 
     (gathered below TMA_MIN_PAGE rows)."""
     return runtime.KernelSpec.make("decode", {
         "D": p.head_dim, "DTYPE": CTYPES[p.dtype], "BLOCK_N": plan.block_n, "STAGES": plan.stages,
-        "WARPS": WARPS, "SPLIT": plan.split, "PAGE": page_size,
+        "WARPS": plan.warps, "TRANSPOSED": transposed(plan.heads_per_cta), "SPLIT": plan.split, "PAGE": page_size,
         "GATHER": 0 < page_size < TMA_MIN_PAGE, "CLUSTER": plan.cluster,
         **({"BALANCED": BALANCED_MAX_BATCH, "UNIT_COST": BALANCED_UNIT_COST} if plan.balanced else {"BALANCED": 0}),
         "MERGE_THREADS": MERGE_THREADS,
@@ -487,7 +510,7 @@ def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q:
             at["v_cache"], *pages, np.int32(plan.chunk), np.int32(p.kv_heads), np.int32(p.batch))
     values = runtime.CallValues(CALL_SIGNATURE)
     launches = (bound_launch(spec, q.device, values, "decode_partial", KERNEL_SIGNATURE, args,
-                             plan.grid(p), (WARPS + 1) * 32, plan.smem),)
+                             plan.grid(p), (plan.warps + 1) * 32, plan.smem),)
     if plan.merge_launch:
         i32 = np.int32
         n_rows = merge_rows(p, plan.balanced)

@@ -252,7 +252,9 @@ class BatchDecodeWithPagedKVCache:
         defaults to 1/sqrt(head_dim); `chunk_size` and `stages` override the planner as in
         `batch_decode_with_padded_kv_cache`. `max_kv_len` (>= every request's rows) plans the
         chunk split for that length instead of the longest request's, so that plans of growing
-        requests keep one layout (one compiled graph under torch.compile); None: the longest."""
+        requests keep one layout (one compiled graph under torch.compile); None: the longest. A
+        plan whose requests fit in one tile streams through one stage of fewer warps: a graph of it
+        replayed over longer requests is right but slow, so plan such graphs with `max_kv_len`."""
         self._check_sizes(num_qo_heads, num_kv_heads, head_dim, page_size, stages)
         indices = _page_ids(kv_indices, "kv_indices", 1, "[num_page_entries]")
         indptr = host_int32(kv_indptr, "kv_indptr")

@@ -128,10 +128,10 @@ PYKDA_DEVICE float fast_rcp(float x) {
   return y;
 }
 
-// ---- warp reductions over groups of WIDTH adjacent lanes ----
-template <int WIDTH> PYKDA_DEVICE float group_sum(float v) {
+// ---- warp reductions over groups of WIDTH lanes, STRIDE apart (adjacent by default) ----
+template <int WIDTH, int STRIDE = 1> PYKDA_DEVICE float group_sum(float v) {
 #pragma unroll
-  for (int o = WIDTH / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = WIDTH / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o * STRIDE);
   return v;
 }
 // N independent sums at once: one butterfly, its shuffles interleaved.
@@ -167,8 +167,8 @@ template <int WIDTH, int N> PYKDA_DEVICE float group_scatter_sums(float (&v)[N],
   for (int step = HALVINGS; step < STEPS; ++step) v[0] += __shfl_xor_sync(0xffffffffu, v[0], WIDTH / 2 >> step);
   return v[0];
 }
-template <int WIDTH> PYKDA_DEVICE float group_max(float v) {
+template <int WIDTH, int STRIDE = 1> PYKDA_DEVICE float group_max(float v) {
 #pragma unroll
-  for (int o = WIDTH / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = WIDTH / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o * STRIDE));
   return v;
 }

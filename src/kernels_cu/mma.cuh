@@ -36,6 +36,14 @@ PYKDA_DEVICE void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
                : "memory");
 }
 
+// An 8x8 16-bit matrix transposed across the warp: lane l's register holds elements (l / 4,
+// 2(l % 4)..+1) of the matrix, and gets the same elements of its transpose.
+PYKDA_DEVICE uint32_t movmatrix_trans(uint32_t a) {
+  uint32_t d;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));
+  return d;
+}
+
 // What the bf16x2 rounding hi of two fp32 values left, as bf16x2: x ≈ hi + lo to ~16 bits.
 PYKDA_DEVICE uint32_t bf16x2_rest(float x, float y, uint32_t hi) {
   const float2 h = unpack2(hi, bf16_t{});

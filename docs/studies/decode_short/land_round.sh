@@ -2,7 +2,6 @@
 # [".kc_t.tar.xz", ".peers.tar.xz"]: every registry decode kernel (602, NVRTC 13.0, 44 MB as files,
 # 1.8 MB packed: `tar cf - .kc_t | xz > .kc_t.tar.xz` after `PYKDA_CACHE_DIR=.kc_t python -m pykda
 # compile --family decode`) and the peers.
-git apply docs/studies/decode_short/landing.patch   # the landing, on main's tree
 tar xJf .kc_t.tar.xz && tar xJf .peers.tar.xz
 source .peers/activate.sh; export PYTHONPATH=.:$PYTHONPATH PYKDA_CACHE_DIR=$PWD/.kc_t
 mkdir -p $OUT
