@@ -23,10 +23,20 @@ def _param(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _jobs(text: str) -> int:
+    """--jobs: a count of at least 1."""
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count of at least 1")
+    return jobs
+
+
 def cmd_compile(args) -> int:
     from . import registry, runtime
-    for spec in registry.specs(args.family, args.arch):
-        cubin, seconds, from_disk = runtime.compile_spec(spec)
+    for spec, cubin, seconds, from_disk in runtime.compile_specs(registry.specs(args.family, args.arch), args.jobs):
         where = "disk" if from_disk else "nvrtc"
         print(f"{spec.template:<12} {spec.describe():<72} {seconds:7.3f} s {len(cubin):8d} B  ({where})")
     return 0
@@ -67,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compile", help="compile every registered specialization offline (no GPU needed)")
     c.add_argument("--arch", default="sm_90a")
     c.add_argument("--family", default=None, choices=FAMILIES, help=f"{', '.join(FAMILIES)} (default: all)")
+    c.add_argument("--jobs", type=_jobs, default=None,
+                   help="NVRTC compiles at once, on threads (default: the CPUs this process may use, at most 8)")
     r = sub.add_parser("render", help="print a template's rendered CUDA source")
     r.add_argument("name")
     r.add_argument("params", nargs="*", type=_param, help="KEY=VALUE template parameters")

@@ -2,6 +2,7 @@
 import subprocess
 import sys
 import threading
+import time
 import zipfile
 from pathlib import Path
 
@@ -98,6 +99,41 @@ def test_concurrent_requests_compile_once(cache_dir):
     for t in threads:
         t.join()
     assert len(set(results)) == 1 and cache.stats["nvrtc_compiles"] == before + 1
+
+
+def test_compile_specs_on_threads_yields_in_order_and_compiles_each_once(cache_dir):
+    """`runtime.compile_specs`: the specs' cubins in their order, each source through NVRTC once
+    (a repeated spec and a second pass come from the disk cache)."""
+    specs = registry.specs("decode", "sm_90a")[:4]
+    before = cache.stats["nvrtc_compiles"]
+    first = list(runtime.compile_specs(specs, jobs=3))
+    assert [row[0] for row in first] == specs and not any(row[3] for row in first)
+    assert cache.stats["nvrtc_compiles"] == before + 4
+    assert all(row[1] == runtime.compile_spec(spec)[0] for row, spec in zip(first, specs))
+    again = list(runtime.compile_specs(specs + specs[:1], jobs=2))
+    assert [row[1] for row in again] == [row[1] for row in first] + [first[0][1]] and all(row[3] for row in again)
+    assert cache.stats["nvrtc_compiles"] == before + 4
+
+
+def test_compile_specs_raises_the_first_failure_in_order_and_drops_the_rest(monkeypatch):
+    """A failing compile is raised where its spec comes (the ones before it are yielded), and the
+    compiles not yet started are not run; jobs below 1 are refused."""
+    started = []
+
+    def fake_compile(spec):
+        started.append(spec)
+        time.sleep(0.05)
+        if spec == 2:
+            raise runtime.CompileError("spec 2 does not compile")
+        return b"cubin %d" % spec, 0.05, False
+    monkeypatch.setattr(cache, "compile_spec", fake_compile)
+    results = runtime.compile_specs(range(100), jobs=2)
+    assert [next(results)[:2] for _ in range(2)] == [(0, b"cubin 0"), (1, b"cubin 1")]
+    with pytest.raises(runtime.CompileError, match="spec 2"):
+        next(results)
+    assert len(started) < 10
+    with pytest.raises(ValueError, match="jobs must be at least 1; got 0"):
+        next(runtime.compile_specs(range(3), jobs=0))
 
 
 def test_second_process_pays_no_nvrtc_time(cache_dir):

@@ -13,7 +13,9 @@ import tempfile
 import threading
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Iterable, Iterator
 
 from .compile import compile_cubin, compile_options, nvrtc_version
 from .render import render
@@ -28,6 +30,9 @@ _modules: dict[tuple[KernelSpec, int], object] = {}
 _locks: dict[object, threading.Lock] = {}
 _locks_guard = threading.Lock()
 stats = {"nvrtc_compiles": 0, "disk_hits": 0}
+_stats_lock = threading.Lock()   # compiles on several threads (compile_specs) count each
+# compile_specs' default threads at most: an NVRTC compile of a large kernel holds ~0.3 GB
+MAX_JOBS = 8
 
 
 def cache_dir() -> Path:
@@ -79,12 +84,47 @@ def compile_spec(spec: KernelSpec) -> tuple[bytes, float, bool]:
         t0 = time.perf_counter()
         cubin = _read_entry(path)
         if cubin is not None:
-            stats["disk_hits"] += 1
+            _count("disk_hits")
             return cubin, time.perf_counter() - t0, True
         cubin = compile_cubin(source, spec.arch, name=f"{spec.template}.cu")
-        stats["nvrtc_compiles"] += 1
+        _count("nvrtc_compiles")
         _write_entry(path, cubin)
         return cubin, time.perf_counter() - t0, False
+
+
+def _count(stat: str) -> None:
+    with _stats_lock:
+        stats[stat] += 1
+
+
+def default_jobs() -> int:
+    """Threads for compile_specs: the CPUs this process may run on, at most MAX_JOBS."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:   # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_JOBS))
+
+
+def compile_specs(specs: Iterable[KernelSpec], jobs: int | None = None) -> Iterator[tuple[KernelSpec, bytes, float, bool]]:
+    """`compile_spec` of every spec on `jobs` threads (None: `default_jobs()`; NVRTC compiles
+    without holding the GIL), yielding (spec, cubin, seconds, from_disk) in the specs' order. The
+    first failure is raised in that order, and the compiles not yet started are dropped."""
+    specs = list(specs)
+    jobs = default_jobs() if jobs is None else jobs
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1; got {jobs}")
+    if jobs == 1 or len(specs) < 2:
+        for spec in specs:
+            yield (spec, *compile_spec(spec))
+        return
+    pool = ThreadPoolExecutor(min(jobs, len(specs)), thread_name_prefix="pykda-nvrtc")
+    try:
+        futures = [pool.submit(compile_spec, spec) for spec in specs]
+        for spec, future in zip(specs, futures):
+            yield (spec, *future.result())
+    finally:   # (also when the caller stops early)
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def get_kernel(spec: KernelSpec, device: int, name: str):
