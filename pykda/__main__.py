@@ -38,7 +38,9 @@ def cmd_compile(args) -> int:
     from . import registry, runtime
     for spec, cubin, seconds, from_disk in runtime.compile_specs(registry.specs(args.family, args.arch), args.jobs):
         where = "disk" if from_disk else "nvrtc"
-        print(f"{spec.template:<12} {spec.describe():<72} {seconds:7.3f} s {len(cubin):8d} B  ({where})")
+        kernels = ", ".join(f"{name} {r.registers} regs" + (f" {r.stack_bytes} B stack" if r.stack_bytes else "")
+                            for name, r in runtime.kernel_resources(cubin).items())
+        print(f"{spec.template:<12} {spec.describe():<72} {seconds:7.3f} s {len(cubin):8d} B  ({where})  {kernels}")
     return 0
 
 

@@ -330,6 +330,32 @@ def test_decode_family_registers_every_kernel_the_planner_picks():
             assert decode.decode_spec(p, plan_decode(p, **H200, balanced=True), "sm_90a", page) in specs, (p, page)
 
 
+def test_the_planners_register_figures_give_each_streaming_kernel_its_true_ctas_per_sm():
+    """`ctas_per_sm` (the planner's slots: the chunks' waves, spread splits, the balanced split's
+    one round) counts registers by `_REGS_GUESS`. For every registered decode kernel that streams
+    full tiles through a pipeline (the kernels of sequences past SHORT_TILE_ROWS, whose plans the
+    slots decide), the CTAs an SM it gives are those the compiled kernel's registers allow
+    (`runtime.kernel_resources`, allocated 8 a thread at a time) under the same shared-memory
+    bound. (Short caches' one-tile CTAs do not split, so their slots choose nothing.)"""
+    from pykda import registry, runtime
+    specs = [s for s in registry.specs("decode", "sm_90a")
+             if s.param_dict["STAGES"] > 1 and s.param_dict["BLOCK_N"] == decode.TILE_ROWS[s.param_dict["D"]]]
+    assert len(specs) > 300
+    guess = dict(decode._REGS_GUESS)
+    try:
+        for spec, cubin, _, _ in runtime.compile_specs(specs):
+            d = spec.param_dict
+            regs = runtime.kernel_resources(cubin)["decode_partial"].registers
+            heads_per_cta = 1 if d["TRANSPOSED"] else decode.MAX_HEADS_PER_CTA
+            shape = (d["D"], d["BLOCK_N"], d["STAGES"], H200["smem_per_sm"], heads_per_cta, d["WARPS"])
+            planned = decode.ctas_per_sm(*shape)
+            decode._REGS_GUESS[d["D"], d["TRANSPOSED"]] = -(-regs // 8) * 8
+            assert decode.ctas_per_sm(*shape) == planned, (spec.describe(), regs, planned)
+            decode._REGS_GUESS.update(guess)
+    finally:
+        decode._REGS_GUESS.update(guess)
+
+
 def test_decode_family_registers_batch_shapes():
     from pykda import registry
     specs = set(registry.specs("decode", "sm_90a"))

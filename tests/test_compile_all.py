@@ -5,6 +5,27 @@ from pykda import registry, runtime
 
 SPECS = registry.specs(None, "sm_90a")
 
+# The registered kernels that keep a stack frame (`ptxas -v`'s "bytes stack frame": spilled
+# registers), by template and parameters, with the most bytes they may keep there (NVRTC 12.9 and
+# 13.0 alike). Every other kernel keeps everything in registers: a template change that spills
+# shows here, and a new entry is a decision, not an accident.
+STACK_FRAMES = (
+    ("decode", lambda p: p["D"] == 256 and p["BALANCED"] and not p["TRANSPOSED"], 16),   # 255 registers
+    ("decode", lambda p: p["D"] == 64 and p["STAGES"] == 1 and p["BLOCK_N"] == 64, 8),   # one value, 72-80 registers
+    ("kda_decode", lambda p: (p["SPEC"] or p["VERIFY"]) and p["STATE"] == "float" and p["RPT"] == 8
+     and p["MIN_CTAS"] == 3, 32),   # speculative steps of fp32 states, 128 registers for three CTAs an SM
+    ("kda_prepare", lambda p: p["BOUNDED"] and p["BETA"] == 2 and p["K"] == 128, 16),   # 80 registers for six CTAs
+    ("kda_scan", lambda p: p["MODE"] == "group_walk" and p["K"] == 128, 8),
+    ("kda_recurrence", lambda p: p["C"] == 32, 80),   # chunks of 32 (not the planner's default)
+    ("kda_recurrence", lambda p: p["CKPT"], 8),
+)
+
+
+def stack_bytes_allowed(spec) -> int:
+    """The most stack bytes a kernel of `spec` may keep (STACK_FRAMES; 0 for any other)."""
+    return max((most for template, matches, most in STACK_FRAMES
+                if template == spec.template and matches(spec.param_dict)), default=0)
+
 
 @pytest.fixture(scope="module")
 def compiled_ahead(request):
@@ -23,8 +44,13 @@ def compiled_ahead(request):
 
 @pytest.mark.parametrize("spec", SPECS, ids=[f"{s.template}:{s.describe()}" for s in SPECS])
 def test_specialization_compiles(spec, compiled_ahead):
+    """The spec's cubin, and no kernel in it spilling beyond what STACK_FRAMES allows."""
     cubin, _, _ = runtime.compile_spec(spec)
     assert cubin[:4] == b"\x7fELF" and len(cubin) > 1000
+    allowed = stack_bytes_allowed(spec)
+    for name, used in runtime.kernel_resources(cubin).items():
+        assert used.stack_bytes <= allowed, f"{name} keeps {used.stack_bytes} B a thread on the stack " \
+                                            f"({used.registers} registers); STACK_FRAMES allows {allowed}"
 
 
 def test_compile_cli_takes_every_registered_family_and_names_an_unknown_one(capsys):

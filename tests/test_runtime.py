@@ -64,6 +64,33 @@ def test_cubin_is_the_whole_elf_image():
         whole_elf(cubin[:-2])
 
 
+def test_kernel_resources_are_what_ptxas_gave_each_kernel():
+    """runtime.kernel_resources reads each kernel's registers, stack frame and static shared
+    memory from the cubin: a kernel held to 32 registers around a 64-float array indexed at run
+    time has a stack frame; one beside it in the same cubin has none, and its static array shows."""
+    src = r"""
+    extern "C" __global__ void __maxnreg__(32) spills(float* x, int n) {
+      float a[64];
+    #pragma unroll
+      for (int i = 0; i < 64; ++i) a[i] = x[i * n + threadIdx.x];
+      float s = 0.f;
+    #pragma unroll
+      for (int i = 0; i < 64; ++i) s += a[i] * a[63 - i] * x[i];
+      x[threadIdx.x] = s + a[n & 63];
+    }
+    extern "C" __global__ void fits(float* x) {
+      __shared__ float tile[96];
+      tile[threadIdx.x % 96] = x[threadIdx.x];
+      __syncthreads();
+      x[threadIdx.x] = tile[(threadIdx.x + 1) % 96];
+    }"""
+    res = runtime.kernel_resources(runtime.compile_cubin(src, "sm_90a"))
+    assert set(res) == {"spills", "fits"}
+    assert res["spills"].registers == 32 and res["spills"].stack_bytes >= 4 * 32 and res["spills"].static_smem == 0
+    assert 0 < res["fits"].registers < 32 and res["fits"].stack_bytes == 0
+    assert res["fits"].static_smem in (96 * 4, 96 * 4 + 1024)   # (+ the 1 KB sm_90 reserves where smem is used)
+
+
 def test_disk_cache_second_compile_skips_nvrtc(cache_dir):
     spec = _decode_spec()
     before = cache.stats["nvrtc_compiles"]

@@ -5,7 +5,7 @@ pointers with shapes, tensor maps are boxes over strided memory.
 """
 from .spec import KernelSpec
 from .render import render
-from .compile import CompileError, compile_cubin, nvrtc_version
+from .compile import CompileError, KernelResources, compile_cubin, kernel_resources, nvrtc_version
 from .cache import get_kernel, compile_spec, compile_specs, cache_dir
 from .device import DeviceInfo, device_info, require_gpu, gpu_available
 from .launch import BoundLaunch, CallValues, Kernel, LaunchConfig, Launcher, PerCall, param_layout, signature
@@ -13,7 +13,8 @@ from .tensormap import TensorMapError, TiledMaps, encode_tiled, check_tiled
 from .workspace import workspace
 
 __all__ = [
-    "KernelSpec", "render", "CompileError", "compile_cubin", "nvrtc_version", "get_kernel",
+    "KernelSpec", "render", "CompileError", "KernelResources", "compile_cubin", "kernel_resources", "nvrtc_version",
+    "get_kernel",
     "compile_spec", "compile_specs", "cache_dir", "DeviceInfo", "device_info", "require_gpu", "gpu_available",
     "BoundLaunch", "CallValues", "Kernel", "LaunchConfig", "Launcher", "PerCall", "param_layout", "signature",
     "TensorMapError", "TiledMaps", "encode_tiled", "check_tiled", "workspace",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import struct
+from typing import NamedTuple
 
 
 class CompileError(RuntimeError):
@@ -35,6 +36,60 @@ def compile_cubin(source: str, arch: str, name: str = "kernel.cu") -> bytes:
         return whole_elf(nvrtc.getCUBIN(prog), name)
     finally:
         nvrtc.destroyProgram(prog)
+
+
+class KernelResources(NamedTuple):
+    """What ptxas gave one kernel of a cubin (`ptxas -v`'s numbers)."""
+    registers: int     # per thread
+    stack_bytes: int   # per thread: the stack frame (spilled registers, local arrays); 0 when all fit in registers
+    static_smem: int   # bytes of static shared memory (sm_90: with the 1 KB the system reserves in a kernel using any)
+
+
+_SHT_SYMTAB = 2
+_SHT_NOBITS = 8
+_EIFMT_SVAL = 4                                 # a .nv.info record with a size and a value of that size
+_EIATTR_FRAME_SIZE, _EIATTR_REGCOUNT = 0x11, 0x2F   # values: (symbol index, u32)
+
+
+def _sections(image: bytes) -> list[tuple[str, int, int, int, int]]:
+    """The ELF64 image's sections in order: (name, type, offset, size, link)."""
+    shoff = struct.unpack_from("<Q", image, 40)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", image, 58)
+    headers = [struct.unpack_from("<IIQQQQI", image, shoff + i * shentsize) for i in range(shnum)]
+    names_at = headers[shstrndx][4]
+    return [(_c_string(image, names_at + h[0]), h[1], h[4], h[5], h[6]) for h in headers]
+
+
+def _c_string(image: bytes, at: int) -> str:
+    return image[at:image.index(b"\0", at)].decode()
+
+
+def kernel_resources(cubin: bytes) -> dict[str, KernelResources]:
+    """Registers, stack frame and static shared memory of every kernel in `cubin`, by name, read
+    from the records ptxas leaves in the ELF (`.nv.info`): what `nvcc -Xptxas -v` prints, for
+    cubins NVRTC made."""
+    listed = _sections(cubin)
+    sections = {name: rest for name, *rest in listed}
+    _, _, symtab_at, _, strtab_index = next(s for s in listed if s[1] == _SHT_SYMTAB)
+    strtab_at = listed[strtab_index][2]
+
+    def symbol(index: int) -> str:   # Elf64_Sym: st_name first, 24 bytes each
+        return _c_string(cubin, strtab_at + struct.unpack_from("<I", cubin, symtab_at + 24 * index)[0])
+    values: dict[int, dict[str, int]] = {_EIATTR_REGCOUNT: {}, _EIATTR_FRAME_SIZE: {}}
+    _, at, size, _ = sections[".nv.info"]
+    end = at + size
+    while at < end:   # records: format, attribute, then a u16 (with SVAL: the value's size, the value after it)
+        fmt, attr, word = struct.unpack_from("<BBH", cubin, at)
+        if fmt == _EIFMT_SVAL:
+            if attr in values and word == 8:
+                sym, value = struct.unpack_from("<II", cubin, at + 4)
+                values[attr][symbol(sym)] = value
+            at += 4 + word
+        else:
+            at += 4
+    kernels = [name.removeprefix(".text.") for name in sections if name.startswith(".text.")]
+    return {k: KernelResources(values[_EIATTR_REGCOUNT][k], values[_EIATTR_FRAME_SIZE].get(k, 0),
+                               sections.get(f".nv.shared.{k}", (_SHT_NOBITS, 0, 0, 0))[2]) for k in kernels}
 
 
 def whole_elf(image: bytes, name: str = "kernel.cu") -> bytes:
