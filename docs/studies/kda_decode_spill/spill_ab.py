@@ -10,6 +10,7 @@ import torch
 from pykda.bench import timing
 from pykda.bench.kda_decode import FLAGS, _inputs
 from pykda.ops import kda_decode
+from pykda.ops.checks import Memo
 from pykda.ops.kda_decode import fused_recurrent_kda
 
 MAIN = kda_decode.min_ctas
@@ -20,19 +21,28 @@ def two_for_fp32_rows(state_dtype, rpt):
     return 2 if state_dtype == "float32" and MAIN(state_dtype, rpt) == 3 else MAIN(state_dtype, rpt)
 
 
-def under(min_ctas, fn):
-    """fn() with the planner's min_ctas replaced (its caches and the prepared calls cleared)."""
-    def clear():
-        kda_decode.plan_kda_decode.cache_clear()
-        kda_decode.kda_decode_spec.cache_clear()
-        kda_decode.PREPARED.clear()
-    kda_decode.min_ctas = min_ctas
-    clear()
+def under(min_ctas, make):
+    """make()'s step prepared with the planner's min_ctas replaced, into prepared calls of its own
+    (swapped in at each call, so that neither variant re-plans the other's), and its plan."""
+    own = Memo(kda_decode.PREPARED.make)
+    main = kda_decode.PREPARED
+    kda_decode.min_ctas, kda_decode.PREPARED = min_ctas, own
+    for cached in (kda_decode.plan_kda_decode, kda_decode.kda_decode_spec):
+        cached.cache_clear()
     try:
-        return fn()
+        f, plan = make()
     finally:
-        kda_decode.min_ctas = MAIN
-        clear()
+        kda_decode.min_ctas, kda_decode.PREPARED = MAIN, main
+        for cached in (kda_decode.plan_kda_decode, kda_decode.kda_decode_spec):
+            cached.cache_clear()
+
+    def call():
+        kda_decode.PREPARED = own
+        try:
+            return f()
+        finally:
+            kda_decode.PREPARED = main
+    return call, plan
 
 
 def step(B, H, T, gate, pool_dtype="float32"):
