@@ -93,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=float, default=3600, help="seconds per tool before its run is killed (a failure)")
     s.add_argument("--pytest-args", default="",
                    help="extra pytest arguments, one string, e.g. --pytest-args='-x -k kda' (written with =)")
+    s.add_argument("--shards", type=_jobs, default=1,
+                   help="processes a tool runs in at once, each a share of the tests pytest selects (default 1)")
     s.add_argument("--dry-run", action="store_true", help="print each tool's command line and exit")
     b = sub.add_parser("bench", help="benchmarks against peers on the GPU")
     b.add_argument("op", choices=["decode", "kda", "kda-decode", "paged-decode"])

@@ -1,6 +1,7 @@
 """`python -m pykda sanitize`: a GPU test subset of every op under NVIDIA compute-sanitizer (issue 14).
 
-Each tool runs in its own process, one after another:
+Each tool runs in its own process, one after another (with `--shards N`, in N processes at once,
+each a share of the tests pytest selects, their verdicts merged):
 
     compute-sanitizer --tool TOOL --print-limit N python -m pytest -q -p no:cacheprovider [PYTEST_ARGS] TESTS...
 
@@ -309,7 +310,7 @@ def parse_pytest(log: str):
 @dataclass
 class ToolResult:
     tool: str
-    log_path: object = None
+    log_path: object = None                # a Path, or a list of them for a tool run in shards
     rc: object = None                      # None: killed at the timeout
     pytest_line: object = None
     pytest_counts: dict = field(default_factory=dict)
@@ -387,35 +388,111 @@ def source_root() -> Path:
     return ROOT
 
 
-def run_tool(sanitizer: str, tool: str, log_dir: Path, tests=TESTS, print_limit=DEFAULT_PRINT_LIMIT, pytest_args=(),
-             timeout_s=DEFAULT_TIMEOUT_S, cwd=None) -> ToolResult:
-    cmd = build_command(sanitizer, tool, tests, print_limit, pytest_args)
-    log_path = Path(log_dir) / f"{tool}.log"
+def tool_env(tool: str) -> dict:
+    """The environment of a tool's runs: racecheck's large hazard table and its kernels built for
+    it; the other tools check the kernels as they ship."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if tool == "racecheck":
         env.setdefault(RACECHECK_HAZARDS_ENV, str(RACECHECK_MAX_HAZARDS))
         env[SANITIZE_ENV] = "1"   # kernels built for it: kda_recurrence's every-thread hand-back
-    else:   # the other tools check the kernels as they ship
+    else:
         env.pop(SANITIZE_ENV, None)
-    start = time.perf_counter()
-    with open(log_path, "w", encoding="utf-8") as log:
-        log.write(f"$ {shlex.join(cmd)}\n\n")
-        log.flush()
+    return env
+
+
+def _start(cmd: list, log_path: Path, env: dict, cwd):
+    """The process of `cmd`, its stdout and stderr written to log_path (after the command line)."""
+    log = open(log_path, "w", encoding="utf-8")
+    log.write(f"$ {shlex.join(cmd)}\n\n")
+    log.flush()
+    try:
         proc = subprocess.Popen(cmd, cwd=cwd or source_root(), stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)   # its own process group: a timeout ends all of it
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            rc = None
-        except BaseException:   # Ctrl-C: the child is in its own session and did not get it
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
+    except BaseException:
+        log.close()
+        raise
+    return proc, log
+
+
+def _wait_all(procs: list, deadline: float) -> list:
+    """Exit statuses of `procs` ((process, log) pairs), None for one killed at `deadline`
+    (time.monotonic()); every log closed. Ctrl-C kills them all (each is in its own session and did
+    not get it)."""
+    rcs = []
+    try:
+        for proc, _ in procs:
+            try:
+                rcs.append(proc.wait(timeout=max(0.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                rcs.append(None)
+    except BaseException:
+        for proc, _ in procs:
+            if proc.returncode is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        raise
+    finally:
+        for _, log in procs:
+            log.close()
+    return rcs
+
+
+def run_tool(sanitizer: str, tool: str, log_dir: Path, tests=TESTS, print_limit=DEFAULT_PRINT_LIMIT, pytest_args=(),
+             timeout_s=DEFAULT_TIMEOUT_S, cwd=None, shards: int = 1) -> ToolResult:
+    """`tool` over `tests`, in `shards` processes at once (each a share of the tests, its log
+    TOOL.log or TOOL.K.log), the shards' verdicts merged (`merge_shards`)."""
+    groups = [g for g in (list(tests[i::shards]) for i in range(shards)) if g] if shards > 1 else [list(tests)]
+    names = [f"{tool}.log"] if len(groups) == 1 else [f"{tool}.{k + 1}.log" for k in range(len(groups))]
+    log_paths = [Path(log_dir) / name for name in names]
+    env = tool_env(tool)
+    start = time.perf_counter()
+    procs = []
+    try:
+        for group, log_path in zip(groups, log_paths):
+            procs.append(_start(build_command(sanitizer, tool, group, print_limit, pytest_args), log_path, env, cwd))
+    finally:   # (a failed start: the ones started are still waited for, their logs closed)
+        rcs = _wait_all(procs, time.monotonic() + timeout_s)
     seconds = time.perf_counter() - start
-    text = log_path.read_text(encoding="utf-8", errors="replace")
-    return analyse(tool, text, rc, timeout_s=timeout_s, log_path=log_path, seconds=seconds)
+    results = [analyse(tool, path.read_text(encoding="utf-8", errors="replace"), rc, timeout_s=timeout_s,
+                       log_path=path, seconds=seconds) for path, rc in zip(log_paths, rcs)]
+    return results[0] if len(results) == 1 else merge_shards(tool, results)
+
+
+def merge_shards(tool: str, shards: list) -> ToolResult:
+    """One verdict of a tool's shards: pytest's counts added, each summary once (with the shards
+    that gave it where they differ), reports by kernel added, each problem named by its shard."""
+    r = ToolResult(tool, log_path=[s.log_path for s in shards], seconds=max(s.seconds for s in shards))
+    rcs = [s.rc for s in shards]
+    r.rc = None if None in rcs else max(rcs, key=abs)
+    counts = Counter()
+    for k, s in enumerate(shards, 1):
+        counts.update(s.pytest_counts)
+        r.kernels.update(s.kernels)
+        r.problems += [f"shard {k}: {p}" for p in s.problems]
+    r.pytest_counts = dict(counts)
+    if all(s.pytest_line for s in shards):
+        r.pytest_line = ", ".join(f"{n} {word}" for word, n in counts.items()) + f" in {len(shards)} shards"
+    said = {}
+    for k, s in enumerate(shards, 1):
+        for summary in s.summaries:
+            said.setdefault(summary, []).append(k)
+    r.summaries = [summary if len(ks) == len(shards) else f"{summary} (shard{'s' if len(ks) > 1 else ''} "
+                   f"{', '.join(map(str, ks))})" for summary, ks in said.items()]
+    return r
+
+
+def selected_tests(tests, pytest_args, cwd) -> tuple:
+    """The ids of `tests` that pytest selects with `pytest_args` (-k, -m ...), collected without a
+    sanitizer, so that shards share only tests that run (a shard with none would fail)."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                        *pytest_args, *tests], cwd=cwd, capture_output=True, text=True)
+    ids = tuple(line.strip() for line in r.stdout.splitlines() if "::" in line)
+    if not ids:
+        raise SanitizeError(f"pytest selected no test of the list with {shlex.join(pytest_args) or 'no arguments'}: "
+                            f"{(r.stdout + r.stderr).strip()[-500:]}")
+    return ids
 
 
 def main(args, out=None, err=None) -> int:
@@ -437,16 +514,22 @@ def main(args, out=None, err=None) -> int:
             return 0
         sanitizer = find_sanitizer()
         root = source_root()
+        shards = args.shards
+        tests = TESTS if shards == 1 else selected_tests(TESTS, pytest_args, root)
     except (SanitizeError, ValueError) as e:
         print(f"error: {e}", file=err)
         return 2
     log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="pykda-sanitize-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    print(f"{len(TESTS)} tests under {sanitizer} ({', '.join(tools)}); logs in {log_dir}", file=out, flush=True)
+    at_once = f", {min(shards, len(tests))} processes at once" if shards > 1 else ""
+    print(f"{len(tests)} tests under {sanitizer} ({', '.join(tools)}{at_once}); logs in {log_dir}", file=out,
+          flush=True)
     results = []
     for i, tool in enumerate(tools, 1):
-        print(f"[{i}/{len(tools)}] {tool}: running, log {log_dir / (tool + '.log')}", file=err, flush=True)
-        r = run_tool(sanitizer, tool, log_dir, TESTS, args.print_limit, pytest_args, args.timeout, cwd=root)
+        logs = f"{tool}.log" if shards == 1 else f"{tool}.1.log .. {tool}.{min(shards, len(tests))}.log"
+        print(f"[{i}/{len(tools)}] {tool}: running, log {log_dir / logs}", file=err, flush=True)
+        r = run_tool(sanitizer, tool, log_dir, tests, args.print_limit, pytest_args, args.timeout, cwd=root,
+                     shards=shards)
         results.append(r)
         print(r.line(), file=out, flush=True)
     failed = [r.tool for r in results if not r.ok]

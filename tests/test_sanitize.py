@@ -4,10 +4,12 @@ the command lines, the missing-tool error, a whole run against a fake compute-sa
 (collected by pytest, so a renamed GPU test fails here)."""
 import importlib.util
 import os
+import shlex
 import stat
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -335,13 +337,20 @@ else:
 """
 
 
-def test_a_whole_run_against_a_fake_sanitizer(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def fake_sanitizer(tmp_path, monkeypatch) -> Path:
+    """FAKE_SANITIZER as `compute-sanitizer`, first on PATH."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     exe = bin_dir / "compute-sanitizer"
     exe.write_text(FAKE_SANITIZER.format(python=sys.executable))
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    return exe
+
+
+def test_a_whole_run_against_a_fake_sanitizer(tmp_path, fake_sanitizer, capsys):
+    exe = fake_sanitizer
     logs = tmp_path / "logs"
     assert cli_main(["sanitize", "--tool", "memcheck,racecheck", "--log-dir", str(logs)]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -358,6 +367,72 @@ def test_a_whole_run_against_a_fake_sanitizer(tmp_path, monkeypatch, capsys):
     assert out[1].startswith("initcheck FAIL") and "kernels: kda_decode (1)" in out[1]
     assert out[-1] == f"sanitize: FAILED (initcheck); logs in {logs}"
     assert "--print-limit 7 " in (logs / "initcheck.log").read_text().splitlines()[0]
+
+
+def test_a_run_in_shards_against_a_fake_sanitizer(tmp_path, monkeypatch, fake_sanitizer, capsys):
+    """--shards 3: each tool in three processes at once over thirds of the selected tests, a log
+    each, one merged line: pytest's counts added, the common summary once; a report in one shard
+    fails the tool and is named by its shard."""
+    exe = fake_sanitizer
+    selected = sanitize.TESTS[:7]
+    asked = []
+    monkeypatch.setattr(sanitize, "selected_tests", lambda tests, args, cwd: asked.append(args) or selected)
+    logs = tmp_path / "logs"
+    assert cli_main(["sanitize", "--tool", "memcheck,initcheck", "--shards", "3", "--log-dir", str(logs),
+                     "--pytest-args=-k decode"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert asked == [["-k", "decode"]]
+    assert out[0] == f"7 tests under {exe} (memcheck, initcheck, 3 processes at once); logs in {logs}"
+    assert out[1] == "memcheck  PASS | 7 passed in 3 shards | ERROR SUMMARY: 0 errors | kernels: none"
+    assert out[2].startswith("initcheck FAIL | 7 passed in 3 shards | ERROR SUMMARY: 1 error | kernels: kda_decode (3)")
+    assert out[2].endswith("failed: shard 1: 1 sanitizer report; shard 2: 1 sanitizer report; "
+                           "shard 3: 1 sanitizer report")
+    for k, share in enumerate((selected[0::3], selected[1::3], selected[2::3]), 1):
+        command = shlex.split((logs / f"memcheck.{k}.log").read_text().splitlines()[0][2:])
+        assert [a for a in command if "::" in a] == list(share) and command[-len(share) - 2:-len(share)] == ["-k", "decode"]
+    assert not (logs / "memcheck.log").exists()
+
+
+def test_a_shard_past_the_timeout_is_killed_and_fails_the_tool(tmp_path):
+    """The shards share the tool's deadline: one that hangs (and its child) is killed there, the
+    others' verdicts stand, and the tool fails naming the killed shard."""
+    exe = tmp_path / "compute-sanitizer"
+    exe.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import subprocess, sys, time
+        ids = [a for a in sys.argv if "::" in a]
+        if "tests/x.py::hang" in ids:
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+            time.sleep(60)
+        print(f"{{len(ids)}} passed in 0.01s")
+        print("========= ERROR SUMMARY: 0 errors")
+        """))
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    start = time.monotonic()
+    r = sanitize.run_tool(str(exe), "memcheck", tmp_path, ("tests/x.py::a", "tests/x.py::hang", "tests/x.py::b"),
+                          timeout_s=3, cwd=tmp_path, shards=2)
+    assert time.monotonic() - start < 30
+    assert r.pytest_counts == {"passed": 2} and r.rc is None
+    assert r.problems[0] == "shard 2: timed out after 3 s (killed)"
+    assert [p.name for p in r.log_path] == ["memcheck.1.log", "memcheck.2.log"]
+
+
+def test_shards_that_disagree_name_theirs():
+    """A summary only some shards printed carries their numbers; a killed shard fails the tool."""
+    clean = sanitize.analyse("memcheck", "3 passed in 1.00s\n========= ERROR SUMMARY: 0 errors\n", rc=0)
+    dead = sanitize.analyse("memcheck", "", rc=None, timeout_s=60)
+    r = sanitize.merge_shards("memcheck", [clean, clean, dead])
+    assert r.rc is None and r.pytest_line is None and r.pytest_counts == {"passed": 6}
+    assert r.summaries == ["ERROR SUMMARY: 0 errors (shards 1, 2)"]
+    assert not r.ok and r.problems[0] == "shard 3: timed out after 60 s (killed)"
+
+
+def test_the_tests_a_selection_keeps_are_collected_without_a_sanitizer(tmp_path):
+    (tmp_path / "test_x.py").write_text("def test_keep():\n    pass\n\n\ndef test_drop():\n    pass\n")
+    ids = ("test_x.py::test_keep", "test_x.py::test_drop")
+    assert sanitize.selected_tests(ids, ["-k", "keep"], tmp_path) == ("test_x.py::test_keep",)
+    with pytest.raises(sanitize.SanitizeError, match="pytest selected no test of the list with -k nothing"):
+        sanitize.selected_tests(ids, ["-k", "nothing"], tmp_path)
 
 
 # ---- the test ids ----
