@@ -202,12 +202,10 @@ def kernel_specs(steps: list[Step], arch: str, sm_count: int, smem_per_sm: int) 
 
 
 def compile_kernels(specs: list[runtime.KernelSpec]) -> list[tuple[runtime.KernelSpec, int, float, bool]]:
-    """NVRTC (or the disk cache) for every spec: (spec, cubin bytes, seconds, from disk)."""
-    rows = []
-    for spec in progress(specs, "  compile", lambda s: s.template, plain_lines=True):
-        cubin, seconds, from_disk = runtime.compile_spec(spec)
-        rows.append((spec, len(cubin), seconds, from_disk))
-    return rows
+    """NVRTC (or the disk cache) for every spec, several at once: (spec, cubin bytes, seconds, from disk)."""
+    compiled = runtime.compile_specs(specs)
+    return [(spec, len(cubin), seconds, from_disk) for spec, cubin, seconds, from_disk in
+            progress(compiled, "  compile", lambda row: row[0].template, plain_lines=True, total=len(specs))]
 
 
 def offline(steps: list[Step], why: str) -> int:

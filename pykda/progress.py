@@ -9,25 +9,31 @@ from typing import Any, Callable, Iterable
 
 
 def progress(items: Iterable, desc: str, label: Callable[[Any], str] | None = None, unit: str = "it",
-             plain_lines: bool = False) -> Iterable:
+             plain_lines: bool = False, total: int | None = None) -> Iterable:
     """`items` under a tqdm bar (with `label(item)` shown beside it) when tqdm is importable;
-    without it `items` itself, or with `plain_lines` a printed line per item."""
+    without it `items` itself, or with `plain_lines` a printed line per item. `total`: the count
+    of an iterator (items that arrive as they are made); otherwise len(items)."""
     try:
         from tqdm import tqdm
     except ImportError:
-        return _lines(list(items), desc, label or str) if plain_lines else items
-    return _bar(tqdm, items, desc, label, unit)
+        if not plain_lines:
+            return items
+        if total is None:
+            items = list(items)
+            total = len(items)
+        return _lines(items, desc, label or str, total)
+    return _bar(tqdm, items, desc, label, unit, total)
 
 
-def _bar(tqdm, items, desc, label, unit):
-    with tqdm(items, desc=desc, unit=unit, leave=False, dynamic_ncols=True) as bar:
+def _bar(tqdm, items, desc, label, unit, total):
+    with tqdm(items, desc=desc, unit=unit, leave=False, dynamic_ncols=True, total=total) as bar:
         for item in bar:
             if label is not None:
                 bar.set_postfix_str(label(item), refresh=False)
             yield item
 
 
-def _lines(items: list, desc: str, label: Callable[[Any], str]):
+def _lines(items: Iterable, desc: str, label: Callable[[Any], str], total: int):
     for i, item in enumerate(items, 1):
-        print(f"{desc} [{i}/{len(items)}] {label(item)}", flush=True)
+        print(f"{desc} [{i}/{total}] {label(item)}", flush=True)
         yield item

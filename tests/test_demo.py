@@ -62,7 +62,7 @@ def test_kernel_specs_cover_every_family():
 
 def test_offline_demo(monkeypatch, capsys):
     monkeypatch.setattr(runtime, "gpu_available", lambda: False)
-    monkeypatch.setattr(runtime, "compile_spec", lambda spec: (b"\x7fELF" + bytes(100), 0.01, False))
+    monkeypatch.setattr(runtime, "compile_specs", lambda specs: ((s, b"\x7fELF" + bytes(100), 0.01, False) for s in specs))
     assert demo.main() == 0
     out = capsys.readouterr().out
     assert "no CUDA GPU here" in out and "compiled" in out
@@ -81,6 +81,15 @@ def test_progress_without_and_with_tqdm(monkeypatch, capsys):
     monkeypatch.setattr(builtins, "__import__", no_tqdm)
     assert list(demo.progress([1, 2], "stage", plain_lines=True)) == [1, 2]
     assert "stage [2/2] 2" in capsys.readouterr().out
+    made = []   # an iterator with its count: each line as its item arrives, none made ahead
+
+    def arriving():
+        for i in (1, 2, 3):
+            made.append(i)
+            yield i
+    lines = demo.progress(arriving(), "compile", plain_lines=True, total=3)
+    assert next(lines) == 1 and made == [1] and capsys.readouterr().out == "compile [1/3] 1\n"
+    assert list(lines) == [2, 3] and capsys.readouterr().out.splitlines()[-1] == "compile [3/3] 3"
 
 
 # ------------------------------------------------------------------------------------------
@@ -151,7 +160,7 @@ def cpu_demo(monkeypatch):
     monkeypatch.setattr(runtime, "gpu_available", lambda: True)
     monkeypatch.setattr(runtime, "device_info", lambda i: DeviceInfo(0, "CPU stand-in", (9, 0), 132, 232448,
                                                                        233472, 50 << 20))
-    monkeypatch.setattr(runtime, "compile_spec", lambda spec: (bytes(1000), 0.0, True))
+    monkeypatch.setattr(runtime, "compile_specs", lambda specs: ((s, bytes(1000), 0.0, True) for s in specs))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)

@@ -163,6 +163,23 @@ def test_compile_specs_raises_the_first_failure_in_order_and_drops_the_rest(monk
         next(runtime.compile_specs(range(3), jobs=0))
 
 
+def test_compile_specs_in_fresh_processes_after_the_gpu_check(tmp_path):
+    """Processes whose first NVRTC compiles are compile_specs' threads, after gpu_available()
+    (which without a driver leaves CuPy's CUDA runtime failed, as the tests' conftest does):
+    every kernel compiles. Without NVRTC loaded on the calling thread first, about half such
+    processes failed (NVRTC could not load its builtins), so five run, each with its own cache."""
+    code = ("from pykda import registry, runtime; runtime.gpu_available();"
+            "specs = [s for s in registry.specs('kda', 'sm_90a') if s.template == 'kda_scan'][:4];"
+            "print(sum(not row[3] for row in runtime.compile_specs(specs, jobs=4)))")
+    runs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             stdin=subprocess.DEVNULL, text=True,
+                             env={**__import__("os").environ, "PYKDA_CACHE_DIR": str(tmp_path / str(i)),
+                                  "PYTHONPATH": str(ROOT)}) for i in range(5)]
+    for run in runs:
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0 and out.strip() == "4", err[-2000:]
+
+
 def test_second_process_pays_no_nvrtc_time(cache_dir):
     code = ("from pykda import registry, runtime; from pykda.runtime import cache;"
             "runtime.compile_spec(registry.specs('decode', 'sm_90a')[0]);"
