@@ -35,12 +35,19 @@ def _jobs(text: str) -> int:
 
 
 def cmd_compile(args) -> int:
+    import time
     from . import registry, runtime
-    for spec, cubin, seconds, from_disk in runtime.compile_specs(registry.specs(args.family, args.arch), args.jobs):
+    start, specs, from_nvrtc, stacked = time.perf_counter(), registry.specs(args.family, args.arch), 0, []
+    for spec, cubin, seconds, from_disk in runtime.compile_specs(specs, args.jobs):
         where = "disk" if from_disk else "nvrtc"
+        resources = runtime.kernel_resources(cubin)
         kernels = ", ".join(f"{name} {r.registers} regs" + (f" {r.stack_bytes} B stack" if r.stack_bytes else "")
-                            for name, r in runtime.kernel_resources(cubin).items())
+                            for name, r in resources.items())
         print(f"{spec.template:<12} {spec.describe():<72} {seconds:7.3f} s {len(cubin):8d} B  ({where})  {kernels}")
+        from_nvrtc += not from_disk
+        stacked += [name for name, r in resources.items() if r.stack_bytes]
+    print(f"{len(specs)} specializations ({from_nvrtc} by NVRTC, {len(specs) - from_nvrtc} from the disk cache) in "
+          f"{time.perf_counter() - start:.1f} s; kernels with a stack frame: {len(stacked)}")
     return 0
 
 

@@ -74,6 +74,29 @@ def test_compile_cli_takes_every_registered_family_and_names_an_unknown_one(caps
     assert all(family in help_text for family in registry.FAMILIES)
 
 
+def test_compile_cli_prints_each_kernels_registers_and_a_summary(monkeypatch, capsys):
+    """A line per spec with its kernels' registers (and stack bytes where any), then the count by
+    source and of the kernels that spill; the jobs reach compile_specs."""
+    from pykda.__main__ import main
+    specs = registry.specs("kda", "sm_90a")[:2]
+    seen = {}
+
+    def compile_specs(given, jobs):
+        seen["jobs"] = jobs
+        return ((spec, b"cubin %d" % i, 0.5, i == 1) for i, spec in enumerate(given))
+    resources = {b"cubin 0": {"kda_prepare": runtime.KernelResources(80, 16, 1024)},
+                 b"cubin 1": {"kda_prepare": runtime.KernelResources(72, 0, 1024)}}
+    monkeypatch.setattr(registry, "specs", lambda family, arch: specs)
+    monkeypatch.setattr(runtime, "compile_specs", compile_specs)
+    monkeypatch.setattr(runtime, "kernel_resources", lambda cubin: resources[cubin])
+    assert main(["compile", "--family", "kda", "--jobs", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert seen["jobs"] == 3 and len(lines) == 3
+    assert lines[0].endswith("(nvrtc)  kda_prepare 80 regs 16 B stack") and lines[1].endswith("(disk)  kda_prepare 72 regs")
+    assert lines[2].startswith("2 specializations (1 by NVRTC, 1 from the disk cache) in ")
+    assert lines[2].endswith("s; kernels with a stack frame: 1")
+
+
 def test_render_cli_names_a_parameter_that_is_not_key_value(capsys):
     """`python -m pykda render decode D128`: argparse's usage error naming the parameter, not
     dict()'s 'dictionary update sequence element' ValueError."""
