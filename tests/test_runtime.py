@@ -200,9 +200,10 @@ def test_compile_cli_prints_one_line_per_kernel(cache_dir):
     env = {**__import__("os").environ, "PYKDA_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, "-m", "pykda", "compile", "--family", "kda"], env=env,
                        capture_output=True, text=True, check=True)
-    lines = r.stdout.strip().splitlines()
-    assert len(lines) == len(registry.specs("kda", "sm_90a"))
-    assert all(" s " in line and " B " in line and line.startswith("kda_") for line in lines)
+    *lines, summary = r.stdout.strip().splitlines()
+    n = len(registry.specs("kda", "sm_90a"))
+    assert len(lines) == n and summary.startswith(f"{n} specializations ({n} by NVRTC, 0 from the disk cache) in ")
+    assert all(" s " in line and " B " in line and line.startswith("kda_") and " regs" in line for line in lines)
 
 
 def test_render_cli_prints_source():
