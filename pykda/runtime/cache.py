@@ -31,7 +31,8 @@ _locks: dict[object, threading.Lock] = {}
 _locks_guard = threading.Lock()
 stats = {"nvrtc_compiles": 0, "disk_hits": 0}
 _stats_lock = threading.Lock()   # compiles on several threads (compile_specs) count each
-# compile_specs' default threads at most: an NVRTC compile of a large kernel holds ~0.3 GB
+# compile_specs' default threads at most (each NVRTC compile holds memory of its own: a many-core host is not
+# asked for all its cores' worth)
 MAX_JOBS = 8
 
 
