@@ -119,8 +119,6 @@ def compile_specs(specs: Iterable[KernelSpec], jobs: int | None = None) -> Itera
         for spec in specs:
             yield (spec, *compile_spec(spec))
         return
-    nvrtc_version()   # NVRTC loaded here first: used first on several threads at once, it failed to load its
-    #                   builtins (seen after CuPy's CUDA runtime found no driver, e.g. under the tests' conftest)
     pool = ThreadPoolExecutor(min(jobs, len(specs)), thread_name_prefix="pykda-nvrtc")
     try:
         futures = [pool.submit(compile_spec, spec) for spec in specs]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import struct
+import threading
 from typing import NamedTuple
 
 
@@ -13,10 +14,16 @@ class CompileError(RuntimeError):
 BASE_OPTIONS = ("-std=c++17", "--device-as-default-execution-space", "-DNDEBUG", "--fmad=true")
 
 
+_first_use = threading.Lock()
+
+
 @functools.lru_cache(maxsize=None)
 def nvrtc_version() -> tuple[int, int]:
-    from cupy_backends.cuda.libs import nvrtc
-    return tuple(nvrtc.getVersion())
+    """NVRTC's version; its first call loads NVRTC, one thread at a time: loaded by several threads
+    at once, NVRTC failed to open its builtins (seen after CuPy's CUDA runtime found no driver)."""
+    with _first_use:
+        from cupy_backends.cuda.libs import nvrtc
+        return tuple(nvrtc.getVersion())
 
 
 def compile_options(arch: str) -> tuple[str, ...]:
@@ -25,6 +32,7 @@ def compile_options(arch: str) -> tuple[str, ...]:
 
 def compile_cubin(source: str, arch: str, name: str = "kernel.cu") -> bytes:
     """Compile CUDA C++ `source` for `arch` (e.g. 'sm_90a') and return the cubin."""
+    nvrtc_version()   # NVRTC loaded (once, see there) before any thread compiles with it
     from cupy_backends.cuda.libs import nvrtc
     prog = nvrtc.createProgram(source, name, [], [])
     try:
@@ -88,8 +96,10 @@ def kernel_resources(cubin: bytes) -> dict[str, KernelResources]:
         else:
             at += 4
     kernels = [name.removeprefix(".text.") for name in sections if name.startswith(".text.")]
-    return {k: KernelResources(values[_EIATTR_REGCOUNT][k], values[_EIATTR_FRAME_SIZE].get(k, 0),
-                               sections.get(f".nv.shared.{k}", (_SHT_NOBITS, 0, 0, 0))[2]) for k in kernels}
+    shared = {name.removeprefix(".nv.shared."): size for name, (_, _, size, _) in sections.items()
+              if name.startswith(".nv.shared.")}
+    return {k: KernelResources(values[_EIATTR_REGCOUNT][k], values[_EIATTR_FRAME_SIZE].get(k, 0), shared.get(k, 0))
+            for k in kernels}
 
 
 def whole_elf(image: bytes, name: str = "kernel.cu") -> bytes:
@@ -105,10 +115,7 @@ def whole_elf(image: bytes, name: str = "kernel.cu") -> bytes:
     for i in range(phnum):   # segments: p_offset, p_filesz
         at = phoff + i * phentsize
         ends.append(struct.unpack_from("<Q", image, at + 8)[0] + struct.unpack_from("<Q", image, at + 32)[0])
-    for i in range(shnum):   # sections but SHT_NOBITS: sh_offset, sh_size
-        at = shoff + i * shentsize
-        if struct.unpack_from("<I", image, at + 4)[0] != 8:
-            ends.append(struct.unpack_from("<Q", image, at + 24)[0] + struct.unpack_from("<Q", image, at + 32)[0])
+    ends += [offset + size for _, kind, offset, size, _ in _sections(image) if kind != _SHT_NOBITS]
     missing = max(ends) - len(image)
     if missing not in (0, 1):
         raise CompileError(f"NVRTC's cubin of {name} is {len(image)} bytes, its ELF headers span {max(ends)}")
