@@ -23,8 +23,8 @@ def _param(text: str) -> tuple[str, str]:
     return key, value
 
 
-def _jobs(text: str) -> int:
-    """--jobs: a count of at least 1."""
+def _at_least_one(text: str) -> int:
+    """A count of at least 1 (--jobs, --shards)."""
     try:
         jobs = int(text)
     except ValueError:
@@ -37,7 +37,7 @@ def _jobs(text: str) -> int:
 def cmd_compile(args) -> int:
     import time
     from . import registry, runtime
-    start, specs, from_nvrtc, stacked = time.perf_counter(), registry.specs(args.family, args.arch), 0, []
+    start, specs, from_nvrtc, stacked = time.perf_counter(), registry.specs(args.family, args.arch), 0, 0
     for spec, cubin, seconds, from_disk in runtime.compile_specs(specs, args.jobs):
         where = "disk" if from_disk else "nvrtc"
         resources = runtime.kernel_resources(cubin)
@@ -45,9 +45,9 @@ def cmd_compile(args) -> int:
                             for name, r in resources.items())
         print(f"{spec.template:<12} {spec.describe():<72} {seconds:7.3f} s {len(cubin):8d} B  ({where})  {kernels}")
         from_nvrtc += not from_disk
-        stacked += [name for name, r in resources.items() if r.stack_bytes]
+        stacked += sum(r.stack_bytes > 0 for r in resources.values())
     print(f"{len(specs)} specializations ({from_nvrtc} by NVRTC, {len(specs) - from_nvrtc} from the disk cache) in "
-          f"{time.perf_counter() - start:.1f} s; kernels with a stack frame: {len(stacked)}")
+          f"{time.perf_counter() - start:.1f} s; kernels with a stack frame: {stacked}")
     return 0
 
 
@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compile", help="compile every registered specialization offline (no GPU needed)")
     c.add_argument("--arch", default="sm_90a")
     c.add_argument("--family", default=None, choices=FAMILIES, help=f"{', '.join(FAMILIES)} (default: all)")
-    c.add_argument("--jobs", type=_jobs, default=None,
+    c.add_argument("--jobs", type=_at_least_one, default=None,
                    help="NVRTC compiles at once, on threads (default: the CPUs this process may use, at most 8)")
     r = sub.add_parser("render", help="print a template's rendered CUDA source")
     r.add_argument("name")
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=float, default=3600, help="seconds per tool before its run is killed (a failure)")
     s.add_argument("--pytest-args", default="",
                    help="extra pytest arguments, one string, e.g. --pytest-args='-x -k kda' (written with =)")
-    s.add_argument("--shards", type=_jobs, default=1,
+    s.add_argument("--shards", type=_at_least_one, default=1,
                    help="processes a tool runs in at once, each a share of the tests pytest selects (default 1)")
     s.add_argument("--dry-run", action="store_true", help="print each tool's command line and exit")
     b = sub.add_parser("bench", help="benchmarks against peers on the GPU")
