@@ -310,6 +310,14 @@ def test_unknown_tool_on_the_command_line(capsys):
     assert "unknown sanitizer tool 'leakcheck'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("bad", ["0", "-2", "four"])
+def test_shards_must_be_a_count_of_at_least_one(bad, capsys):
+    """--shards is argparse's usage error naming the value before anything runs."""
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["sanitize", "--shards", bad])
+    assert exc.value.code == 2 and f"argument --shards: {bad!r} is not a count of at least 1" in capsys.readouterr().err
+
+
 FAKE_SANITIZER = """#!{python}
 import os
 import sys
