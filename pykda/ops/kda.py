@@ -335,14 +335,14 @@ def check_kda_inputs(q: DeviceArray, k: DeviceArray, v: DeviceArray, g: DeviceAr
     B, T, H, K = q.shape
     if K not in HEAD_DIMS:
         raise ValueError(f"head dim K must be one of {HEAD_DIMS}; got {K}")
-    for name, a in (("k", k), ("g", g)):
-        check_shape(a, name, (B, T, H, K), layout)
-    if tuple(v.shape[:2]) == (B, T) and v.shape[2] != H:
+    check_shape(k, "k", (B, T, H, K), layout)
+    if tuple(v.shape[:2]) == (B, T) and v.shape[2] != H:   # (before g and beta, which have v's heads there)
         raise ValueError(f"v has {v.shape[2]} heads and q {H}: grouped value heads (HV > H) are not supported")
     if tuple(v.shape[:3]) != (B, T, H):
         raise ValueError(f"v must be [B, T, H, V] with q's B, T, H = {(B, T, H)}; got {tuple(v.shape)}")
     if v.shape[3] != K:
         raise ValueError(f"v's head dim V ({v.shape[3]}) must equal q's head dim K ({K})")
+    check_shape(g, "g", (B, T, H, K), layout)
     check_shape(beta, "beta", (B, T, H), "[B, T, H]")
     return B, T, H, K
 
