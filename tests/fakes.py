@@ -67,6 +67,7 @@ def offline_runtime(monkeypatch, launches: list, workspace, maps: list | None = 
     monkeypatch.setattr(runtime, "device_info", lambda i: info)
     monkeypatch.setattr(runtime, "workspace", workspace)
     monkeypatch.setattr(runtime, "get_kernel", lambda spec, dev, name: FakeKernel(name, spec, launches))
+    monkeypatch.setattr(runtime, "load_specs", lambda specs, dev, jobs=None: None)   # nothing to compile or load
     monkeypatch.setattr(tensormap, "encode_tiled", encode_tiled)   # what TiledMaps calls
     monkeypatch.setattr(arrays, "launch_stream", lambda ref, stream=None: 0)
     monkeypatch.setattr(arrays, "to_framework", lambda ref, x: x)

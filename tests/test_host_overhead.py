@@ -133,6 +133,7 @@ def stubbed_gpu(twin: types.ModuleType):
         return owner, ptr
 
     patch(runtime, "get_kernel", get_kernel)
+    patch(runtime, "load_specs", lambda specs, dev, jobs=None: None)
     patch(torch._C, "_cuda_getCurrentRawStream", lambda dev: 0)
     patch(tensormap, "_encode", lambda dtype, ptr, *geometry: tensor_map(ptr))
     patch(workspace, "torch_scratch", torch_scratch)

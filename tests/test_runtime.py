@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pykda import registry, runtime
-from pykda.runtime import cache
+from pykda.runtime import cache, launch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -140,6 +140,42 @@ def test_compile_specs_on_threads_yields_in_order_and_compiles_each_once(cache_d
     again = list(runtime.compile_specs(specs + specs[:1], jobs=2))
     assert [row[1] for row in again] == [row[1] for row in first] + [first[0][1]] and all(row[3] for row in again)
     assert cache.stats["nvrtc_compiles"] == before + 4
+
+
+def test_load_specs_compiles_the_missing_at_once_and_loads_each_once(monkeypatch, cache_dir):
+    """`runtime.load_specs` (a call's kernels before their first use): the specs not loaded on the
+    device are compiled on threads at the same time (the compiles overlap), each module is loaded
+    once, on the caller's thread, and get_kernel then finds them without compiling; specs loaded
+    already (or on another device, or repeated) compile nothing more."""
+    in_flight, overlap, loads = [0], [0], []
+    lock = threading.Lock()
+
+    def slow_compile(spec):
+        with lock:
+            in_flight[0] += 1
+            overlap[0] = max(overlap[0], in_flight[0])
+        time.sleep(0.2)
+        with lock:
+            in_flight[0] -= 1
+        return b"cubin " + spec.template.encode(), 0.2, False
+
+    class Module:
+        def __init__(self, cubin, device):
+            loads.append((cubin, device, threading.current_thread() is threading.main_thread()))
+
+        def kernel(self, name):
+            return name
+    monkeypatch.setattr(cache, "compile_spec", slow_compile)
+    monkeypatch.setattr(launch, "load_module", Module)
+    specs = [runtime.KernelSpec.make(t, {"N": i}) for i, t in enumerate(("a", "b", "c"))]
+    runtime.load_specs(specs + specs[:1], 0, jobs=3)
+    assert overlap[0] == 3 and sorted(c for c, _, _ in loads) == [b"cubin a", b"cubin b", b"cubin c"]
+    assert all(main and dev == 0 for _, dev, main in loads)
+    assert runtime.get_kernel(specs[1], 0, "k") == "k" and len(loads) == 3
+    runtime.load_specs(specs, 0, jobs=3)
+    assert len(loads) == 3
+    runtime.load_specs(specs[:1], 1)
+    assert loads[-1] == (b"cubin a", 1, True) and len(loads) == 4
 
 
 def test_compile_specs_raises_the_first_failure_in_order_and_drops_the_rest(monkeypatch):

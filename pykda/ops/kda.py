@@ -557,6 +557,7 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
         raise ValueError(f"the plan needs {smem} bytes of shared memory per block; the device allows "
                          f"{dev.smem_per_block_optin} (use fewer stages)")
     specs = kda_specs(p, plan, dev.arch, checkpoints=bool(checkpoint_every))
+    runtime.load_specs(specs, q.device)   # up to six kernels: compiled at once on first use
     B, T, H, K, N, C = p.batch, p.seq_len, p.heads, p.head_dim, p.n_seq, p.chunk
     seg = plan.segments
     rec_threads = (plan.warps + 1) * 32

@@ -128,8 +128,8 @@ def compile_specs(specs: Iterable[KernelSpec], jobs: int | None = None) -> Itera
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def get_kernel(spec: KernelSpec, device: int, name: str):
-    """The loaded kernel `name` of `spec` on `device` (compiled and loaded on first use)."""
+def _module(spec: KernelSpec, device: int, cubin: bytes | None = None):
+    """spec's module on `device`, loaded once (from `cubin` where given, else compile_spec's)."""
     key = (spec, device)
     module = _modules.get(key)
     if module is None:
@@ -137,6 +137,19 @@ def get_kernel(spec: KernelSpec, device: int, name: str):
             module = _modules.get(key)
             if module is None:
                 from .launch import load_module
-                cubin, _, _ = compile_spec(spec)
-                module = _modules[key] = load_module(cubin, device)
-    return module.kernel(name)
+                module = _modules[key] = load_module(compile_spec(spec)[0] if cubin is None else cubin, device)
+    return module
+
+
+def get_kernel(spec: KernelSpec, device: int, name: str):
+    """The loaded kernel `name` of `spec` on `device` (compiled and loaded on first use)."""
+    return _module(spec, device).kernel(name)
+
+
+def load_specs(specs: Iterable[KernelSpec], device: int, jobs: int | None = None) -> None:
+    """Load every spec's module on `device`, those not loaded yet compiled (or read from disk) on
+    `jobs` threads at once (`compile_specs`): the first use of a call of several kernels then
+    waits for its slowest compile, not for their sum."""
+    missing = [s for s in dict.fromkeys(specs) if (s, device) not in _modules]
+    for spec, cubin, _, _ in compile_specs(missing, jobs):
+        _module(spec, device, cubin)
