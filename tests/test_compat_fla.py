@@ -209,20 +209,44 @@ def test_flas_out_of_place_step_reads_the_states_and_writes_new_ones_on_pykda(re
     assert seen[1][1][22] == 0 and seen[1][1][27] == 0   # no final states asked for: nothing written but o
 
 
-@pytest.mark.parametrize("case", ["two tokens", "packed", "bf16 states", "no initial state"])
-def test_flas_out_of_place_steps_pykda_does_not_run_stay_on_fla(registered, fla_kernels, caplog, case):
-    """Out of place, pykda runs one token per sequence from fp32 states only: several tokens (every
-    token's state would be written), packed tokens (their count per sequence is on the device),
-    bf16 start states (fla's new final states are fp32) and no start state go to fla's kernel with
-    the arguments as given."""
-    twin = cpu_twin_of_arrays()
-    x, pool, _, flags = decode_step(state_dtype=torch.bfloat16 if case == "bf16 states" else torch.float32)
+def out_of_place_case(case):
+    """decode_step's inputs reshaped for a case of fla's out-of-place step, and its start states."""
+    x, pool, idx, flags = decode_step(state_dtype=torch.bfloat16 if case == "bf16 states" else torch.float32)
     s0 = None if case == "no initial state" else pool[:3].clone()
-    if case == "two tokens":
+    if case in ("two tokens", "two tokens over pool rows"):
         x.update({n: torch.cat([x[n], x[n]], dim=1) for n in ("q", "k", "v", "g", "beta")})
+    if case == "two tokens over pool rows":
+        s0, flags["ssm_state_indices"] = pool, idx
     if case == "packed":
         x.update({n: x[n].transpose(0, 1) for n in ("q", "k", "v", "g", "beta")})
         flags["cu_seqlens"] = torch.tensor([0, 1, 2, 3], dtype=torch.int32)
+    return x, s0, flags
+
+
+@pytest.mark.parametrize("case", ["two tokens", "packed", "no initial state"])
+def test_flas_out_of_place_steps_of_several_tokens_run_as_pykdas_prefill(registered, fla_kernels, case):
+    """Out of place, anything but one token a sequence from start states (several tokens: fla's
+    layer runs prompts of up to 64 tokens so; packed tokens; zero start states) is pykda's
+    chunk_kda of the tokens: it reads the start states and makes new fp32 final ones."""
+    twin = cpu_twin_of_arrays()
+    x, s0, flags = out_of_place_case(case)
+    with stubbed_gpu(twin):
+        seen = _driver_reads(kda.PREPARE_SIGNATURE, kda.RECURRENCE_SIGNATURE)
+        o, final = fused_recurrent_kda_fwd(**x, initial_state=s0, inplace_final_state=False, output_final_state=True,
+                                           **flags)
+    assert fla_kernels == [] and len(seen) == 2
+    assert tuple(o.shape) == tuple(x["v"].shape) and final.dtype == torch.float32 and tuple(final.shape) == (3, H, K, K)
+    rec = seen[1][1]
+    assert rec[10] == (0 if s0 is None else s0.data_ptr()) and rec[11] == final.data_ptr()
+
+
+@pytest.mark.parametrize("case", ["bf16 states", "two tokens over pool rows"])
+def test_flas_out_of_place_steps_pykda_does_not_run_stay_on_fla(registered, fla_kernels, caplog, case):
+    """Out of place, bf16 start states (fla's new final states are fp32, pykda's keep the start
+    states' dtype) and several tokens over pool rows (fla then stores every token's state) go to
+    fla's kernel with the arguments as given."""
+    twin = cpu_twin_of_arrays()
+    x, s0, flags = out_of_place_case(case)
     with stubbed_gpu(twin), caplog.at_level(logging.INFO, logger=compat.logger.name):
         seen = _driver_reads(kda_decode.KERNEL_SIGNATURE)
         r = fused_recurrent_kda_fwd(**x, initial_state=s0, inplace_final_state=False, output_final_state=True,

@@ -82,15 +82,16 @@ def test_the_serving_step_is_pykdas_through_fla(registered):   # noqa: F811
     assert reached > 1e-3   # the pool was advanced
 
 
-def test_the_layers_decode_is_pykdas_through_fla(registered, monkeypatch):   # noqa: F811
-    """fla's public fused_recurrent_kda, as fla's layer decodes (one token, the start states only
-    read, new final states): pykda's target verify of the token, close to fla's own kernel, the
-    start states untouched."""
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_the_layers_decode_is_pykdas_through_fla(registered, monkeypatch, tokens):   # noqa: F811
+    """fla's public fused_recurrent_kda, as fla's layer decodes (one token) and runs short prompts
+    (up to 64 tokens): the start states only read, new final states; pykda's target verify of
+    the token, or its chunked prefill of the tokens, close to fla's own kernel."""
     g = torch.Generator(device="cuda").manual_seed(6)
     rnd = lambda *s: torch.randn(*s, generator=g, device="cuda")   # noqa: E731
-    N, bf = 8, torch.bfloat16
-    x = dict(q=rnd(N, 1, H, K).to(bf), k=rnd(N, 1, H, K).to(bf), v=rnd(N, 1, H, K).to(bf), g=rnd(N, 1, H, K).to(bf),
-             beta=rnd(N, 1, H).to(bf), A_log=torch.log(1 + 15 * torch.rand(H, generator=g, device="cuda")),
+    N, T, bf = 8, tokens, torch.bfloat16
+    x = dict(q=rnd(N, T, H, K).to(bf), k=rnd(N, T, H, K).to(bf), v=rnd(N, T, H, K).to(bf), g=rnd(N, T, H, K).to(bf),
+             beta=rnd(N, T, H).to(bf), A_log=torch.log(1 + 15 * torch.rand(H, generator=g, device="cuda")),
              dt_bias=0.5 * rnd(H * K))
     kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
               state_v_first=True, output_final_state=True)

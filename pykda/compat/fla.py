@@ -7,8 +7,8 @@ compute what fla would; every other call runs on fla's own kernels, as if pykda 
 
 - chunk_kda leaves autograd to fla (an input requiring grad while grad is on: pykda has no backward);
 - a call pykda's validation refuses (grouped value heads, context parallelism, dtypes or head dims
-  pykda does not run, an out-of-place decode of several tokens a sequence, arrays pykda cannot
-  read in place, ...) goes to fla's kernels: pykda refuses before any of its kernels writes
+  pykda does not run, an out-of-place step over pool rows of several tokens a sequence, arrays
+  pykda cannot read in place, ...) goes to fla's kernels: pykda refuses before any of its kernels writes
   anything, and logs why once per reason (logger `pykda.compat.fla`, INFO). fla then computes the
   call or raises its own error.
 
@@ -110,17 +110,32 @@ class ChunkKdaBackend(_PykdaBackend):
 
 
 def _out_of_place_step(q, k, v, g, beta, kw: dict):
-    """fla's out-of-place step (its public fused_recurrent_kda: the start states only read, the final
-    states new fp32 arrays) as pykda's target verify of one token: the pool read, not written, and
-    the state after the token into slot n of a new buffer for sequence n, as many bytes as the step
-    in place. One token per sequence ([N, 1, H, K], no cu_seqlens): more would write every token's
-    state."""
+    """fla's out-of-place step (its public fused_recurrent_kda, as its layer decodes and runs prompts
+    of up to 64 tokens: the start states only read, the final states new fp32 arrays). One token a
+    sequence from start states runs as pykda's target verify of the token (`_verify_one_token`),
+    anything else as pykda's chunked prefill of the tokens (`chunk_kda`: the same recurrence in
+    chunks, reading its start states and making new final ones)."""
     state = kw["initial_state"]
-    if state is None:
-        raise ValueError("no initial_state: fla starts from zero states, pykda's step from a pool")
-    if kw["cu_seqlens"] is not None or q.ndim != 4 or q.shape[1] != 1:
-        raise ValueError("an out-of-place step (inplace_final_state=False) takes one token per sequence, "
-                         "q [N, 1, H, K] without cu_seqlens")
+    if state is not None and kw["cu_seqlens"] is None and q.ndim == 4 and q.shape[1] == 1:
+        return _verify_one_token(q, k, v, g, beta, kw)
+    if kw["ssm_state_indices"] is not None or kw["num_accepted_tokens"] is not None:
+        raise ValueError("fla's out-of-place step over ssm_state_indices stores every token's state")
+    if state is not None and state.dtype != torch.float32:
+        raise TypeError(f"fla's new final states are fp32 and pykda's keep the start states' dtype ({state.dtype})")
+    names = ("scale", "initial_state", "output_final_state", "use_qk_l2norm_in_kernel", "use_gate_in_kernel",
+             "use_beta_sigmoid_in_kernel", "allow_neg_eigval", "lower_bound", "state_v_first", "cu_seqlens", "A_log",
+             "dt_bias", "out")
+    extra = set(kw) - set(names) - {"inplace_final_state", "ssm_state_indices", "num_accepted_tokens"}
+    if extra:
+        raise TypeError(f"arguments pykda's chunk_kda does not take: {', '.join(sorted(extra))}")
+    return _chunk_kda(q, k, v, g, beta, **{n: kw[n] for n in names})
+
+
+def _verify_one_token(q, k, v, g, beta, kw: dict):
+    """One token a sequence out of place as pykda's target verify of it: the start states (pool
+    rows, or row n for sequence n) read, not written, and the state after the token into slot n
+    of a new fp32 buffer for sequence n, as many bytes as the step in place."""
+    state = kw["initial_state"]
     step = dict(kw, inplace_final_state=True, output_final_state=False, disable_state_update=True)
     final = None
     if kw["output_final_state"]:
@@ -134,10 +149,9 @@ def _out_of_place_step(q, k, v, g, beta, kw: dict):
 
 
 class RecurrentKdaBackend(_PykdaBackend):
-    """fla's `fused_recurrent_kda_fwd` on pykda's `fused_recurrent_kda`: in place (the serving
-    step: the pool advanced), or out of place for one token per sequence (`_out_of_place_step`;
-    fla's public fused_recurrent_kda, as its layer decodes). (fla's other dispatched KDA functions
-    find no method here.)"""
+    """fla's `fused_recurrent_kda_fwd` on pykda: in place (the serving step: the pool advanced) on
+    `fused_recurrent_kda`, or out of place (fla's public fused_recurrent_kda) as `_out_of_place_step`
+    says. (fla's other dispatched KDA functions find no method here.)"""
     _fla = staticmethod(inspect.unwrap(_fla_fused_recurrent_kda_fwd))
 
     def fused_recurrent_kda_fwd(self, q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, scale=None,
