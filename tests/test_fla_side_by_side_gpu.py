@@ -18,6 +18,13 @@ H, K = 4, 128
 TOL = 5e-3   # pykda and fla each sit ~2e-3 from the float64 recurrence on these inputs
 
 
+@pytest.fixture(autouse=True)
+def fla_on_its_own_kernels(monkeypatch):
+    """fla's calls here run fla's kernels even where pykda is registered with fla's dispatch
+    (pykda.compat.fla) in this process."""
+    monkeypatch.setenv("FLA_PYKDA", "0")
+
+
 def rel(a, b):
     return reference.relative_error(a.double().cpu().numpy(), b.double().cpu().numpy())
 
