@@ -6,11 +6,11 @@ imports fla) then runs on pykda's kernels, with fla's arguments and meanings, wh
 compute what fla would; every other call runs on fla's own kernels, as if pykda were not there:
 
 - chunk_kda leaves autograd to fla (an input requiring grad while grad is on: pykda has no backward);
-- a call pykda's validation refuses (grouped value heads, context parallelism, dtypes or head dims
-  pykda does not run, an out-of-place step over pool rows of several tokens a sequence, arrays
-  pykda cannot read in place, ...) goes to fla's kernels: pykda refuses before any of its kernels writes
-  anything, and logs why once per reason (logger `pykda.compat.fla`, INFO). fla then computes the
-  call or raises its own error.
+- a call pykda's validation refuses (grouped value heads, context parallelism, dtypes or head
+  dims pykda does not run, an out-of-place step of several tokens over pool rows, arrays pykda
+  cannot read in place, ...) goes to fla's kernels: pykda refuses before any of its kernels
+  writes anything, and logs why once per reason (logger `pykda.compat.fla`, INFO). fla then
+  computes the call or raises its own error.
 
 fla's meanings kept here: A_log and dt_bias are ignored without `use_gate_in_kernel` and are read in
 fp32 (a model cast to bf16 holds them in bf16; fla's kernels read them as fp32 too).
@@ -104,7 +104,7 @@ class ChunkKdaBackend(_PykdaBackend):
                                                                kwargs.get("dt_bias"))
         try:
             return _chunk_kda(q, k, v, g, beta, **ours)
-        except (ValueError, TypeError) as exc:   # refused by validation, before any allocation or launch
+        except (ValueError, TypeError) as exc:   # refused before any of pykda's kernels writes
             DECLINED.log("chunk_kda", exc)
         return self._fla(q, k, v, g, beta, **given)
 
