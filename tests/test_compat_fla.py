@@ -107,6 +107,11 @@ def test_the_layers_prefill_reaches_pykda_with_fla_meanings(registered, monkeypa
         fla.ops.kda.chunk_kda(**tokens(), A_log=A_log, dt_bias=dt_bias, chunk_size=32)   # precomputed g
     args, kw = seen[-1]
     assert kw["A_log"] is None and kw["dt_bias"] is None and kw["chunk_size"] == 32
+    assert kw["cu_seqlens_cpu"] is None
+    with torch.inference_mode():   # varlen checkpoints without the host copy: made here, as fla makes its own
+        fla.ops.kda.chunk_kda(**x, cu_seqlens=cu, return_intermediate_states=True)
+    args, kw = seen[-1]
+    assert torch.equal(kw["cu_seqlens_cpu"], cu) and kw["cu_seqlens"] is cu   # (.cpu() of a CPU tensor: itself)
 
 
 def test_autograd_stays_on_fla(registered):

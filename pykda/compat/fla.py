@@ -13,7 +13,9 @@ compute what fla would; every other call runs on fla's own kernels, as if pykda 
   computes the call or raises its own error.
 
 fla's meanings kept here: A_log and dt_bias are ignored without `use_gate_in_kernel` and are read in
-fp32 (a model cast to bf16 holds them in bf16; fla's kernels read them as fp32 too).
+fp32 (a model cast to bf16 holds them in bf16; fla's kernels read them as fp32 too); varlen
+intermediate states without `cu_seqlens_cpu` are counted from a host copy of cu_seqlens (a
+synchronisation, as fla's own count makes).
 """
 from __future__ import annotations
 
@@ -102,6 +104,8 @@ class ChunkKdaBackend(_PykdaBackend):
         ours = dict(given)
         ours["A_log"], ours["dt_bias"] = _fp32_gate_parameters(use_gate_in_kernel, kwargs.get("A_log"),
                                                                kwargs.get("dt_bias"))
+        if return_intermediate_states and cu_seqlens is not None and cu_seqlens_cpu is None:
+            ours["cu_seqlens_cpu"] = cu_seqlens.cpu()   # the states' count: a synchronisation, as fla's own makes
         try:
             return _chunk_kda(q, k, v, g, beta, **ours)
         except (ValueError, TypeError) as exc:   # refused before any of pykda's kernels writes
