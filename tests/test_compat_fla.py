@@ -5,6 +5,7 @@ its launches on a stubbed GPU); autograd, and what pykda's validation refuses, s
 kernels with the arguments as given."""
 import inspect
 import logging
+import types
 
 import pytest
 
@@ -127,6 +128,20 @@ def test_autograd_stays_on_fla(registered):
     x["q"].requires_grad_(False)
     A_log = torch.randn(H, requires_grad=True)   # a parameter alone is enough
     assert not backend.verify("chunk_kda", *x.values(), A_log=A_log)[0]
+
+
+def test_devices_other_than_sm90_stay_on_fla(registered, monkeypatch):
+    """pykda's kernels are built for sm_90a: on any other CUDA device both entry points stay fla's."""
+    gpu_q = types.SimpleNamespace(is_cuda=True, get_device=lambda: 3, requires_grad=False)
+    x = tokens()
+    for capability, ok in (((8, 0), False), ((10, 0), False), ((9, 0), True)):
+        monkeypatch.setattr(compat, "_capability", lambda device, c=capability: c if device == 3 else None)
+        chunk = compat.ChunkKdaBackend().verify("chunk_kda", gpu_q, *list(x.values())[1:])
+        step = compat.RecurrentKdaBackend().verify("fused_recurrent_kda_fwd", gpu_q, *list(x.values())[1:])
+        assert chunk[0] is step[0] is ok
+        if not ok:
+            assert chunk[1] == step[1] == f"pykda's kernels run on sm_90 (H100, H200); this device is " \
+                                           f"sm_{capability[0]}{capability[1]}"
 
 
 def test_the_layers_prefill_runs_pykdas_launches(registered, fla_kernels):

@@ -5,7 +5,8 @@ Whatever calls fla (its KimiDeltaAttention layer, a Kimi Linear modeling file, a
 imports fla) then runs on pykda's kernels, with fla's arguments and meanings, wherever pykda can
 compute what fla would; every other call runs on fla's own kernels, as if pykda were not there:
 
-- chunk_kda leaves autograd to fla (an input requiring grad while grad is on: pykda has no backward);
+- devices other than sm_90 (H100, H200: pykda's kernels use its TMA and wgmma), and for chunk_kda
+  autograd (an input requiring grad while grad is on: pykda has no backward), are fla's;
 - a call pykda's validation refuses (grouped value heads, context parallelism, dtypes or head
   dims pykda does not run, an out-of-place step of several tokens over pool rows, arrays pykda
   cannot read in place, ...) goes to fla's kernels: pykda refuses before any of its kernels
@@ -19,6 +20,7 @@ synchronisation, as fla's own count makes).
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 
@@ -68,6 +70,23 @@ def _fp32_gate_parameters(use_gate_in_kernel: bool, A_log, dt_bias) -> tuple:
     return tuple(x if x is None or x.dtype == torch.float32 else x.float() for x in (A_log, dt_bias))
 
 
+HOPPER = (9, 0)   # pykda's kernels are built for sm_90a (TMA, wgmma)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def _off_hopper(t) -> str | None:
+    """Why pykda's kernels cannot run on t's device (a CUDA device other than sm_90), else None.
+    (Anything else pykda's validation names.)"""
+    if not t.is_cuda:
+        return None
+    major, minor = _capability(t.get_device())
+    return None if (major, minor) == HOPPER else f"pykda's kernels run on sm_90 (H100, H200); this device is sm_{major}{minor}"
+
+
 def _grad_needed(*tensors) -> bool:
     """Whether autograd would record a call on these tensors."""
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
@@ -85,9 +104,10 @@ class ChunkKdaBackend(_PykdaBackend):
     _fla = staticmethod(inspect.unwrap(_fla_chunk_kda))   # fla's own chunk_kda, past its dispatch
 
     def chunk_kda_verifier(self, q, k, v, g, beta, scale=None, initial_state=None, *args, **kwargs):
-        if _grad_needed(q, k, v, g, beta, initial_state, kwargs.get("A_log"), kwargs.get("dt_bias")):
-            return False, "autograd records this call and pykda has no backward"
-        return True, None
+        why = _off_hopper(q)
+        if why is None and _grad_needed(q, k, v, g, beta, initial_state, kwargs.get("A_log"), kwargs.get("dt_bias")):
+            why = "autograd records this call and pykda has no backward"
+        return why is None, why
 
     def chunk_kda(self, q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                   use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
@@ -157,6 +177,10 @@ class RecurrentKdaBackend(_PykdaBackend):
     `fused_recurrent_kda`, or out of place (fla's public fused_recurrent_kda) as `_out_of_place_step`
     says. (fla's other dispatched KDA functions find no method here.)"""
     _fla = staticmethod(inspect.unwrap(_fla_fused_recurrent_kda_fwd))
+
+    def fused_recurrent_kda_fwd_verifier(self, q, *args, **kwargs):
+        why = _off_hopper(q)
+        return why is None, why
 
     def fused_recurrent_kda_fwd(self, q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, scale=None,
                                 output_final_state=False, inplace_final_state=True, state_v_first=False,
