@@ -1,0 +1,172 @@
+"""pykda.compat.flashinfer offline: FlashInfer's decode calls (its positional orders and
+defaults, sm_scale times q_scale and k_scale, the output times v_scale, the LSE in base 2, the
+wrapper's plan / run with its workspace and CUDA-graph buffers, the cache as a pair or one
+[num_pages, 2, ...] tensor) become pykda's calls, and what pykda cannot honour is refused by name."""
+import inspect
+import math
+
+import pytest
+
+from pykda.compat import flashinfer as fi
+
+torch = pytest.importorskip("torch")
+
+# FlashInfer 0.6's signatures (flashinfer/decode.py): a call by position means the same
+SINGLE_POSITIONAL = ("q", "k", "v", "kv_layout", "pos_encoding_mode", "use_tensor_cores", "q_scale", "k_scale",
+                     "v_scale", "window_left", "logits_soft_cap", "sm_scale", "rope_scale", "rope_theta", "return_lse")
+WRAPPER_POSITIONAL = ("float_workspace_buffer", "kv_layout", "use_cuda_graph", "use_tensor_cores",
+                      "paged_kv_indptr_buffer", "paged_kv_indices_buffer", "paged_kv_last_page_len_buffer", "backend",
+                      "jit_args")
+PLAN_POSITIONAL = ("indptr", "indices", "last_page_len", "num_qo_heads", "num_kv_heads", "head_dim", "page_size")
+H, HKV, D = 8, 2, 64
+
+
+def positional(fn):
+    return tuple(n for n, p in inspect.signature(fn).parameters.items()
+                 if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and n != "self")
+
+
+def test_positional_orders_are_flashinfers():
+    assert positional(fi.single_decode_with_kv_cache) == SINGLE_POSITIONAL
+    assert positional(fi.BatchDecodeWithPagedKVCacheWrapper.__init__) == WRAPPER_POSITIONAL
+    assert positional(fi.BatchDecodeWithPagedKVCacheWrapper.plan) == PLAN_POSITIONAL
+    assert positional(fi.BatchDecodeWithPagedKVCacheWrapper.run) == ("q", "paged_kv_cache")
+
+
+@pytest.fixture
+def single(monkeypatch):
+    """pykda's single decode replaced by a recorder returning o = 1 and LSE = 1 (natural log)."""
+    log = []
+
+    def run(q, k, v, **kw):
+        log.append((q, k, v, kw))
+        o = torch.ones_like(q)
+        return (o, torch.ones(q.shape[0])) if kw["return_lse"] else o
+    monkeypatch.setattr(fi, "_single_decode", run)
+    return log
+
+
+def test_single_decode_scales_and_lse_as_flashinfers(single):
+    q, k = torch.zeros(H, D, dtype=torch.bfloat16), torch.zeros(HKV, 100, D, dtype=torch.bfloat16)
+    o = fi.single_decode_with_kv_cache(q, k, k, "HND")
+    assert single[-1][3] == dict(kv_layout="HND", scale=1 / math.sqrt(D), return_lse=False) and torch.all(o == 1)
+    o, lse = fi.single_decode_with_kv_cache(q, k, k, "HND", q_scale=0.5, k_scale=4.0, v_scale=3.0, sm_scale=0.1,
+                                            return_lse=True)
+    assert single[-1][3]["scale"] == pytest.approx(0.1 * 0.5 * 4.0)
+    assert torch.all(o == 3) and torch.allclose(lse, torch.full((H,), 1 / math.log(2)))   # base 2
+
+
+@pytest.mark.parametrize("kw, name", [(dict(pos_encoding_mode="ROPE_LLAMA"), "pos_encoding_mode"),
+                                      (dict(pos_encoding_mode="ALIBI"), "pos_encoding_mode"),
+                                      (dict(window_left=128), "window_left"),
+                                      (dict(logits_soft_cap=30.0), "logits_soft_cap")])
+def test_single_decode_refuses_what_pykda_does_not_compute(single, kw, name):
+    q = torch.zeros(H, D)
+    with pytest.raises(ValueError, match=name):
+        fi.single_decode_with_kv_cache(q, q, q, **kw)
+    assert single == []
+
+
+class FakePaged:
+    """pykda's BatchDecodeWithPagedKVCache as a recorder: run() returns o = 1 and LSE = 1."""
+    made = []
+
+    def __init__(self, kv_layout):
+        self.kv_layout, self.plans, self.runs = kv_layout, [], []
+        FakePaged.made.append(self)
+
+    def plan(self, *args, **kw):
+        self.plans.append((args, kw))
+
+    def run(self, q, k_cache, v_cache, *, out=None, return_lse=False):
+        self.runs.append((q, k_cache, v_cache, out, return_lse))
+        o = torch.ones_like(q) if out is None else out.fill_(1)
+        return (o, torch.ones(q.shape[:2])) if return_lse else o
+
+
+@pytest.fixture
+def paged(monkeypatch):
+    FakePaged.made = []
+    monkeypatch.setattr(fi, "_PagedDecode", FakePaged)
+    return FakePaged.made
+
+
+def page_table():
+    return (torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([4, 1, 0, 2, 3], dtype=torch.int32),
+            torch.tensor([16, 3], dtype=torch.int32))
+
+
+def test_wrapper_plans_and_runs_as_flashinfers(paged):
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 10, dtype=torch.uint8), "HND", use_tensor_cores=True)
+    indptr, indices, last = page_table()
+    w.plan(indptr, indices, last, H, HKV, D, 16, q_data_type=torch.bfloat16, sm_scale=0.25, non_blocking=True,
+           fixed_split_size=None, disable_split_kv=False)
+    (dec,) = paged
+    assert dec.kv_layout == "HND" and w.use_tensor_cores and not w.is_cuda_graph_enabled
+    assert dec.plans == [((indptr, indices, last, H, HKV, D, 16), dict(scale=0.25))]
+    cache = torch.zeros(5, 2, HKV, 16, D, dtype=torch.bfloat16)   # one [num_pages, 2, ...] tensor
+    q = torch.zeros(2, H, D, dtype=torch.bfloat16)
+    lse = torch.empty(2, H)
+    o, got = w.run(q, cache, lse=lse, return_lse=True, v_scale=2.0)
+    _, k, v, out, want_lse = dec.runs[-1]
+    assert k.data_ptr() == cache.data_ptr() and v.data_ptr() == cache[:, 1].data_ptr() and want_lse
+    assert got is lse and torch.allclose(lse, torch.full((2, H), 1 / math.log(2))) and torch.all(o == 2)
+    k2, v2 = torch.zeros(5, HKV, 16, D, dtype=torch.bfloat16), torch.zeros(5, HKV, 16, D, dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    assert w.run(q, (k2, v2), out=out, lse=lse) is out   # lse read only with return_lse, as FlashInfer's
+    assert dec.runs[-1][1] is k2 and dec.runs[-1][2] is v2 and dec.runs[-1][4] is False
+
+
+def test_wrapper_takes_flashinfers_deprecated_positional_plan_options(paged):
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(None)
+    w.plan(*page_table(), H, HKV, D, 16, "NONE", -1, None, "bfloat16", None, None, 0.5)
+    assert paged[0].plans[-1][1] == dict(scale=0.5)
+    with pytest.raises(ValueError, match="window_left"):
+        w.plan(*page_table(), H, HKV, D, 16, "NONE", 64)
+
+
+@pytest.mark.parametrize("plan_kw, name", [(dict(pos_encoding_mode="ROPE_LLAMA"), "pos_encoding_mode"),
+                                           (dict(logits_soft_cap=50.0), "logits_soft_cap"),
+                                           (dict(q_len_per_req=2), "q_len_per_req"),
+                                           (dict(kv_data_type=torch.float8_e4m3fn), "kv_data_type"),
+                                           (dict(o_data_type=torch.float32), "o_data_type"),
+                                           (dict(block_tables=torch.zeros(2, 3, dtype=torch.int32)), "block_tables")])
+def test_wrapper_plan_refuses_what_pykda_does_not_compute(paged, plan_kw, name):
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(None)
+    with pytest.raises(ValueError, match=name):
+        w.plan(*page_table(), H, HKV, D, 16, **plan_kw)
+    assert paged[0].plans == []
+
+
+@pytest.mark.parametrize("run_kw, name", [(dict(q_scale=0.5), "q_scale"), (dict(k_scale=2.0), "k_scale"),
+                                         (dict(sinks=torch.zeros(H)), "sinks"), (dict(q_len_per_req=4), "q_len_per_req"),
+                                         (dict(window_left=32), "window_left"),
+                                         (dict(kv_cache_sf=torch.zeros(1)), "kv_cache_sf")])
+def test_wrapper_run_refuses_what_pykda_does_not_compute(paged, run_kw, name):
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(None)
+    w.plan(*page_table(), H, HKV, D, 16, q_data_type="bfloat16")
+    cache = torch.zeros(5, 2, 16, HKV, D, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=name):
+        w.run(torch.zeros(2, H, D, dtype=torch.bfloat16), cache, **run_kw)
+    with pytest.raises(ValueError, match="plan"):   # a cache of another dtype than planned
+        w.run(torch.zeros(2, H, D), cache.float())
+    assert paged[0].runs == []
+
+
+def test_cuda_graph_mode_copies_the_page_table_into_its_buffers(paged):
+    """use_cuda_graph: plan() copies the table into the given buffers and plans on them (the
+    indices a view at the buffer's start: the pointer a captured run reads every replay)."""
+    bufs = (torch.zeros(3, dtype=torch.int32), torch.zeros(64, dtype=torch.int32), torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="paged_kv_indptr_buffer"):
+        fi.BatchDecodeWithPagedKVCacheWrapper(None, use_cuda_graph=True)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(None, "NHD", True, False, *bufs)
+    indptr, indices, last = page_table()
+    w.plan(indptr, indices, last, H, HKV, D, 16, q_data_type="bfloat16")
+    args = paged[0].plans[-1][0]
+    assert args[0] is bufs[0] and args[2] is bufs[2] and args[1].data_ptr() == bufs[1].data_ptr()
+    assert torch.equal(bufs[0], indptr) and torch.equal(bufs[1][:5], indices) and torch.equal(args[1], indices)
+    with pytest.raises(ValueError, match="batch size is fixed"):
+        w.plan(torch.tensor([0, 5], dtype=torch.int32), indices, last[:1], H, HKV, D, 16, q_data_type="bfloat16")
+    with pytest.raises(ValueError, match="exceed"):
+        w.plan(torch.tensor([0, 40, 65], dtype=torch.int32), torch.zeros(65, dtype=torch.int32), last, H, HKV, D, 16,
+               q_data_type="bfloat16")
