@@ -103,8 +103,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if use_cuda_graph and any(b is None for b in buffers):
             raise ValueError("use_cuda_graph=True needs paged_kv_indptr_buffer, paged_kv_indices_buffer and "
                              "paged_kv_last_page_len_buffer (the plans' page tables, read by the captured runs)")
-        self._workspace = float_workspace_buffer   # (unused: see the module docstring)
-        self._use_cuda_graph, self._use_tensor_cores, self._backend = bool(use_cuda_graph), bool(use_tensor_cores), backend
+        del float_workspace_buffer, backend   # (see the module docstring)
+        self._use_cuda_graph, self._use_tensor_cores = bool(use_cuda_graph), bool(use_tensor_cores)
         self._buffers = buffers if use_cuda_graph else None
         self._decode = _PagedDecode(kv_layout)
         self._kv_dtype = None
