@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from pykda.compat import flashinfer as fi
-
 torch = pytest.importorskip("torch")
+
+from pykda.compat import flashinfer as fi  # noqa: E402
 
 # FlashInfer 0.6's signatures (flashinfer/decode.py): a call by position means the same
 SINGLE_POSITIONAL = ("q", "k", "v", "kv_layout", "pos_encoding_mode", "use_tensor_cores", "q_scale", "k_scale",

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from ..ops.decode import single_decode_with_kv_cache as _single_decode
 from ..ops.paged_decode import BatchDecodeWithPagedKVCache as _PagedDecode
 from . import no_extra
@@ -64,7 +62,8 @@ def _as_flashinfer(o, lse_e, v_scale, lse_out=None):
         o.mul_(v_scale)
     if lse_e is None:
         return o
-    return o, (lse_e.mul_(LOG2E) if lse_out is None else torch.mul(lse_e, LOG2E, out=lse_out))
+    lse = lse_e.mul_(LOG2E)
+    return o, (lse if lse_out is None else lse_out.copy_(lse))
 
 
 def single_decode_with_kv_cache(q, k, v, kv_layout: str = "NHD", pos_encoding_mode: str = "NONE",
