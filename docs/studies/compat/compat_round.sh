@@ -10,6 +10,6 @@ mkdir -p $OUT
 timeout 420 python -m pytest -q -m gpu -p no:cacheprovider -rs tests/test_compat_fla_gpu.py \
   tests/test_compat_flashinfer_gpu.py tests/test_fla_side_by_side_gpu.py > $OUT/compat.log 2>&1
 # then memcheck of the one new kernel path (fla's out-of-place step: pykda's target verify of one token)
-timeout 120 python -m pykda sanitize --tool memcheck --log-dir $OUT/sanitize \
-  --pytest-args "tests/test_compat_fla_gpu.py -k layers_decode" > $OUT/sanitize.log 2>&1
+timeout 150 /usr/local/cuda/bin/compute-sanitizer --tool memcheck python -m pytest -q -m gpu -p no:cacheprovider \
+  tests/test_compat_fla_gpu.py -k layers_decode > $OUT/sanitize.log 2>&1
 tail -15 $OUT/compat.log; tail -3 $OUT/sanitize.log
