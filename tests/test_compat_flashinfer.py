@@ -170,3 +170,19 @@ def test_cuda_graph_mode_copies_the_page_table_into_its_buffers(paged):
     with pytest.raises(ValueError, match="exceed"):
         w.plan(torch.tensor([0, 40, 65], dtype=torch.int32), torch.zeros(65, dtype=torch.int32), last, H, HKV, D, 16,
                q_data_type="bfloat16")
+
+
+def test_flashinfers_other_names(paged):
+    """begin_forward is plan, run_return_lse is run with return_lse, end_forward does nothing, and
+    the CUDA-graph wrapper is the wrapper with use_cuda_graph and its buffers (FlashInfer's order)."""
+    bufs = (torch.zeros(3, dtype=torch.int32), torch.zeros(8, dtype=torch.int32), torch.zeros(2, dtype=torch.int32))
+    w = fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(None, *bufs, "HND", True)
+    assert w.is_cuda_graph_enabled and w.use_tensor_cores and paged[0].kv_layout == "HND"
+    assert positional(fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper.__init__) == (
+        "workspace_buffer", "indptr_buffer", "indices_buffer", "last_page_len_buffer", "kv_layout", "use_tensor_cores")
+    w.begin_forward(*page_table(), H, HKV, D, 16, q_data_type="bfloat16", sm_scale=0.3)
+    assert paged[0].plans[-1][1] == dict(scale=0.3) and paged[0].plans[-1][0][0] is bufs[0]
+    o, lse = w.run_return_lse(torch.zeros(2, H, D, dtype=torch.bfloat16), torch.zeros(5, 2, HKV, 16, D,
+                                                                                     dtype=torch.bfloat16))
+    assert paged[0].runs[-1][4] is True and tuple(lse.shape) == (2, H)
+    assert w.end_forward() is None

@@ -1,6 +1,8 @@
 """FlashInfer's decode signatures over pykda's flash decoding, so that a call site written for
 FlashInfer switches by its import: `from pykda.compat.flashinfer import
-single_decode_with_kv_cache, BatchDecodeWithPagedKVCacheWrapper`.
+single_decode_with_kv_cache, BatchDecodeWithPagedKVCacheWrapper` (and
+`CUDAGraphBatchDecodeWithPagedKVCacheWrapper`; `begin_forward`, `run_return_lse` and `end_forward`
+as FlashInfer names them).
 
 FlashInfer's conventions, kept here:
 - its positional orders and defaults, `sm_scale` (default 1/sqrt(head_dim)) times `q_scale` and
@@ -20,6 +22,7 @@ backends' arguments) raises ValueError by name; none is dropped silently.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from ..ops.decode import single_decode_with_kv_cache as _single_decode
@@ -192,3 +195,19 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise ValueError(f"the cache is {_dtype_name(k_cache.dtype)}; plan() was told {self._kv_dtype}")
         r = self._decode.run(q, k_cache, v_cache, out=out, return_lse=return_lse)
         return _as_flashinfer(*(r if return_lse else (r, None)), v_scale, lse)
+
+    # FlashInfer's other names for the same calls
+    begin_forward = plan
+    run_return_lse = functools.partialmethod(run, return_lse=True)
+
+    def end_forward(self) -> None:
+        """FlashInfer's deprecated end of a forward: nothing to do."""
+
+
+class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
+    """FlashInfer's CUDA-graph wrapper: the wrapper with use_cuda_graph and its three buffers."""
+
+    def __init__(self, workspace_buffer, indptr_buffer, indices_buffer, last_page_len_buffer, kv_layout: str = "NHD",
+                 use_tensor_cores: bool = False):
+        super().__init__(workspace_buffer, kv_layout, True, use_tensor_cores, indptr_buffer, indices_buffer,
+                         last_page_len_buffer)
