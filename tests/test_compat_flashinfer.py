@@ -186,3 +186,24 @@ def test_flashinfers_other_names(paged):
                                                                                      dtype=torch.bfloat16))
     assert paged[0].runs[-1][4] is True and tuple(lse.shape) == (2, H)
     assert w.end_forward() is None
+
+
+def test_flashinfers_deprecated_forward_as_sglang_calls_it(paged):
+    """SGLang's decode: begin_forward without sm_scale, then per layer forward(q, kv_buffer,
+    sm_scale=layer.scaling, logits_soft_cap=layer.logit_cap, k_scale=None, v_scale=None); the
+    plan's scale stands where the layer's equals it to float rounding, and another is refused."""
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(None, "NHD")
+    cache = torch.zeros(5, 2, 16, HKV, D, dtype=torch.bfloat16)
+    q = torch.zeros(2, H, D, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="plan"):
+        w.forward(q, cache)
+    w.begin_forward(*page_table(), H, HKV, D, 16, "NONE", data_type=torch.bfloat16)
+    o = w.forward(q, cache, sm_scale=D ** -0.5, logits_soft_cap=0.0, k_scale=None, v_scale=None)
+    assert torch.all(o == 1) and paged[0].plans[-1][1] == dict(scale=1 / math.sqrt(D))
+    o, lse = w.forward_return_lse(q, cache)
+    assert paged[0].runs[-1][4] is True and tuple(lse.shape) == (2, H)
+    with pytest.raises(ValueError, match="sm_scale"):
+        w.forward(q, cache, sm_scale=0.2)
+    with pytest.raises(ValueError, match="logits_soft_cap"):
+        w.forward(q, cache, logits_soft_cap=30.0)
+    assert len(paged[0].runs) == 2

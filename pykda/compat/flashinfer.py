@@ -1,8 +1,8 @@
 """FlashInfer's decode signatures over pykda's flash decoding, so that a call site written for
 FlashInfer switches by its import: `from pykda.compat.flashinfer import
 single_decode_with_kv_cache, BatchDecodeWithPagedKVCacheWrapper` (and
-`CUDAGraphBatchDecodeWithPagedKVCacheWrapper`; `begin_forward`, `run_return_lse` and `end_forward`
-as FlashInfer names them).
+`CUDAGraphBatchDecodeWithPagedKVCacheWrapper`; `begin_forward`, `run_return_lse`, the deprecated
+`forward` / `forward_return_lse` that SGLang's decode still calls, and `end_forward`).
 
 FlashInfer's conventions, kept here:
 - its positional orders and defaults, `sm_scale` (default 1/sqrt(head_dim)) times `q_scale` and
@@ -109,7 +109,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._use_cuda_graph, self._use_tensor_cores = bool(use_cuda_graph), bool(use_tensor_cores)
         self._buffers = buffers if use_cuda_graph else None
         self._decode = _PagedDecode(kv_layout)
-        self._kv_dtype = None
+        self._kv_dtype, self._scale = None, None   # plan()'s
 
     @property
     def is_cuda_graph_enabled(self) -> bool:
@@ -151,9 +151,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise ValueError(f"kv_data_type {kv}: pykda reads {' or '.join(KV_DTYPES)} caches")
         if self._use_cuda_graph:
             indptr, indices, last_page_len = self._into_buffers(indptr, indices, last_page_len)
-        self._kv_dtype = kv
+        self._kv_dtype, self._scale = kv, _scale(head_dim, sm_scale, None, None)
         self._decode.plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
-                          scale=_scale(head_dim, sm_scale, None, None))
+                          scale=self._scale)
 
     def _into_buffers(self, indptr, indices, last_page_len):
         """The page table copied into the graph's buffers, as FlashInfer does (views of them:
@@ -196,9 +196,27 @@ class BatchDecodeWithPagedKVCacheWrapper:
         r = self._decode.run(q, k_cache, v_cache, out=out, return_lse=return_lse)
         return _as_flashinfer(*(r if return_lse else (r, None)), v_scale, lse)
 
+    def forward(self, q, paged_kv_cache, pos_encoding_mode: str = "NONE", q_scale: float | None = None,
+                k_scale: float | None = None, v_scale: float | None = None, window_left: int = -1,
+                logits_soft_cap: float | None = None, sm_scale: float | None = None, rope_scale: float | None = None,
+                rope_theta: float | None = None, return_lse: bool = False):
+        """FlashInfer's deprecated forward (SGLang's decode calls it after begin_forward): run() with
+        the attention options given here. pykda fixes the logits scale at plan(), so `sm_scale`
+        (None: 1/sqrt(head_dim)) must be the plan's, to float rounding."""
+        del rope_scale, rope_theta   # (read by FlashInfer only with a RoPE mode, refused here)
+        _no_positional_features(pos_encoding_mode, window_left, logits_soft_cap)
+        if self._scale is None:
+            raise RuntimeError("BatchDecodeWithPagedKVCacheWrapper: call plan() (begin_forward) before forward()")
+        asked = _scale(q.shape[-1], sm_scale, None, None)
+        if not math.isclose(asked, self._scale, rel_tol=1e-6):
+            raise ValueError(f"sm_scale {asked} differs from plan()'s {self._scale}: pykda fixes the logits scale "
+                             "at plan(); pass sm_scale there (begin_forward)")
+        return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
+
     # FlashInfer's other names for the same calls
     begin_forward = plan
     run_return_lse = functools.partialmethod(run, return_lse=True)
+    forward_return_lse = functools.partialmethod(forward, return_lse=True)
 
     def end_forward(self) -> None:
         """FlashInfer's deprecated end of a forward: nothing to do."""
