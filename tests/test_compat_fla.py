@@ -135,7 +135,8 @@ def test_devices_other_than_sm90_stay_on_fla(registered, monkeypatch):
     gpu_q = types.SimpleNamespace(is_cuda=True, get_device=lambda: 3, requires_grad=False)
     x = tokens()
     for capability, ok in (((8, 0), False), ((10, 0), False), ((9, 0), True)):
-        monkeypatch.setattr(compat, "_capability", lambda device, c=capability: c if device == 3 else None)
+        monkeypatch.setattr(compat.runtime, "device_info",
+                            lambda device, c=capability: types.SimpleNamespace(capability=c) if device == 3 else None)
         chunk = compat.ChunkKdaBackend().verify("chunk_kda", gpu_q, *list(x.values())[1:])
         step = compat.RecurrentKdaBackend().verify("fused_recurrent_kda_fwd", gpu_q, *list(x.values())[1:])
         assert chunk[0] is step[0] is ok

@@ -20,7 +20,6 @@ synchronisation, as fla's own count makes).
 """
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 
@@ -34,6 +33,7 @@ try:
 except ImportError as exc:   # fla missing, or one without backend dispatch
     raise ImportError("pykda.compat.fla needs fla with backend dispatch (fla-core >= 0.6: fla.backends)") from exc
 
+from .. import runtime
 from ..ops.kda import chunk_kda as _chunk_kda
 from ..ops.kda_decode import fused_recurrent_kda as _fused_recurrent_kda
 
@@ -73,17 +73,12 @@ def _fp32_gate_parameters(use_gate_in_kernel: bool, A_log, dt_bias) -> tuple:
 HOPPER = (9, 0)   # pykda's kernels are built for sm_90a (TMA, wgmma)
 
 
-@functools.lru_cache(maxsize=None)
-def _capability(device: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
-
-
 def _off_hopper(t) -> str | None:
-    """Why pykda's kernels cannot run on t's device (a CUDA device other than sm_90), else None.
-    (Anything else pykda's validation names.)"""
+    """Why pykda's kernels cannot run on t's device (a CUDA device other than sm_90, read once per
+    device by runtime.device_info), else None. (Anything else pykda's validation names.)"""
     if not t.is_cuda:
         return None
-    major, minor = _capability(t.get_device())
+    major, minor = runtime.device_info(t.get_device()).capability
     return None if (major, minor) == HOPPER else f"pykda's kernels run on sm_90 (H100, H200); this device is sm_{major}{minor}"
 
 
