@@ -34,6 +34,17 @@ def _at_least_one(text: str) -> int:
     return jobs
 
 
+def _positive_seconds(text: str) -> float:
+    """A number of seconds above 0 (--max-seconds)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return seconds
+
+
 def cmd_compile(args) -> int:
     import time
     from . import registry, runtime
@@ -127,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evict the L2 before each timed call by reading (clean lines, default) or by "
                         "overwriting (dirty lines the timed call must write back) a 1 GiB buffer")
     b.add_argument("--json", default="pykda-bench.json", help="where to write the results")
+    b.add_argument("--max-seconds", type=_positive_seconds, default=None,
+                   help="take no new shape after this many seconds from the bench's start: the rows measured by "
+                        "then are printed and written (a time limit on the run still leaves a table)")
     b.add_argument("--plot", default=None, metavar="FILE.png",
                    help="decode, kda-decode sweeps: also draw kernel µs and TB/s against the swept setting, a line "
                         "per shape, its peer dashed (needs matplotlib: the plot extra, pip install 'pykda[plot]'). "

@@ -355,6 +355,42 @@ def test_decode_grid_rows_peers_and_summary(decode_on_cpu, bench_main, monkeypat
     assert "50-50 % of the bandwidth of a copy moving as many bytes" in out
 
 
+@needs_torch
+def test_max_seconds_stops_taking_shapes_and_still_writes_what_ran(decode_on_cpu, bench_main, monkeypatch, capsys):
+    """--max-seconds: once spent (a clock that moves 10 s a shape here), the bench takes no more
+    shapes, says how far it got, and prints and writes the rows it measured; a run without it
+    takes every shape (the limit of an earlier run does not stay)."""
+    from pykda.bench import decode, timing
+    now = [0.0]
+    monkeypatch.setattr(timing.time, "monotonic", lambda: now[0])
+
+    def reference_of(*args):   # once a shape
+        now[0] += 10.0
+        return _reference_of(*args)
+    monkeypatch.setattr(decode, "float64_outputs", reference_of)
+    shapes = ["--shapes", "4/2:16,4/2:24,4/2:32,4/2:40"]
+    rows, out = bench_main(["bench", "decode", *shapes, "--max-seconds", "15"], capsys)
+    assert [r["kv_len"] for r in rows] == [16, 24]
+    assert "--max-seconds spent: stopped after 2 of 4 shapes" in out
+    assert "NHD us" in out and "wrote " in out
+    rows, out = bench_main(["bench", "decode", *shapes], capsys)
+    assert [r["kv_len"] for r in rows] == [16, 24, 32, 40] and "stopped" not in out
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "soon", "nan", "inf"])
+def test_max_seconds_must_be_a_positive_number(value, capsys):
+    with pytest.raises(SystemExit):
+        cli(["bench", "decode", "--max-seconds", value])
+    assert "is not a number of seconds above 0" in capsys.readouterr().err
+
+
+def test_in_time_has_the_length_of_its_items_for_the_progress_bar(monkeypatch):
+    from pykda.bench import timing
+    monkeypatch.setattr(timing, "_deadline", None)
+    items = timing.in_time(iter([(1, "a"), (2, "b")]), "cases")
+    assert len(items) == 2 and list(items) == [(1, "a"), (2, "b")]
+
+
 class _FakeFlashInfer:
     """flashinfer's decode entry points as recorders (float64 reference outputs are not needed:
     the benches only time them and read their outputs' errors)."""

@@ -55,7 +55,8 @@ def main(args) -> int:
         plot.require()   # before any GPU work
     from .. import runtime
     runtime.require_gpu()
-    from . import decode, kda, kda_decode, paged_decode
+    from . import decode, kda, kda_decode, paged_decode, timing
+    timing.set_max_seconds(getattr(args, "max_seconds", None))
     bench = {"decode": decode, "kda": kda, "kda-decode": kda_decode, "paged-decode": paged_decode}[args.op]
     results = bench.run(args)
     meta = environment()

@@ -199,7 +199,7 @@ def run(args):
     points = list(itertools.product(chunks, stages))
     rows = []
     for B, hq, hkv, S, batched, d, uneven in progress(
-            _cases(args.quick, getattr(args, "shapes", None), grid), "bench decode",
+            timing.in_time(_cases(args.quick, getattr(args, "shapes", None), grid)), "bench decode",
             label=lambda case: shape_label(*case[:4]) + f" D={case[5]}" + (" uneven" if case[6] else ""), unit="shape"):
         g = torch.Generator(device="cuda").manual_seed(S + hkv + B + d)
         q = torch.randn(B, hq, d, device="cuda", generator=g).to(torch.bfloat16)

@@ -178,7 +178,8 @@ def run(args):
     fla_rows = set() if custom else FLA_SHAPES   # (fla's autotune: only where asked for by default)
     if args.quick and not custom:
         shapes = shapes + [(H, lengths, True) for H, lengths in [POOL_SHAPE]]
-    for i, (H, lengths, with_state) in progress(list(enumerate(shapes)), "bench kda", label=_label, unit="shape"):
+    for i, (H, lengths, with_state) in progress(timing.in_time(enumerate(shapes)), "bench kda", label=_label,
+                                                unit="shape"):
         x, params, cu, h0 = _inputs(H, lengths, with_state)
         T, N = sum(lengths), len(lengths)
         floor_ms = _floor_ms(H, lengths, with_state, copy_tbs)
@@ -210,7 +211,8 @@ def _sweep(shapes, points, timer, copy_tbs) -> dict:
     """pykda's ms at each point (KNOBS) of every shape and gate mode."""
     import torch
     rows = []
-    for H, lengths, with_state in progress(shapes, "bench kda sweep", label=lambda s: _label((0, s)), unit="shape"):
+    for H, lengths, with_state in progress(timing.in_time(shapes), "bench kda sweep", label=lambda s: _label((0, s)),
+                                           unit="shape"):
         x, params, cu, h0 = _inputs(H, lengths, with_state)
         for gate in GATES:
             ours = _runners(x, params, cu, h0, {}, gate)["pykda"]

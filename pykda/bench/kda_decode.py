@@ -272,7 +272,7 @@ def run(args):
         if fla is not None:
             print(f"fla: {fla[1]}")
         rows = []
-        for case in progress(cases(quick), "bench kda-decode", label=case_label, unit="case"):
+        for case in progress(timing.in_time(cases(quick), "cases"), "bench kda-decode", label=case_label, unit="case"):
             peer = _sweep_peer(*case, fla, timer, repeats) if fla is not None else {}
             for rpt, st in progress(sweep, "settings", label=_settings_label):
                 rows.append(dict(_sweep_row(*case, rpt, st, timer, copy_tbs, repeats), **peer))
@@ -281,13 +281,14 @@ def run(args):
     fla = fla_peer()
     print(f"fla: {fla[1]}")
     rows = []
-    for gate, pool_dtype, H, B in progress(cases(quick), "bench kda-decode", label=case_label, unit="case"):
+    for gate, pool_dtype, H, B in progress(timing.in_time(cases(quick), "cases"), "bench kda-decode", label=case_label,
+                                           unit="case"):
         rows.append(_case(gate, pool_dtype, H, B, fla, timer, copy_tbs, repeats, host_n))
         torch.cuda.empty_cache()
     _print(rows, fla[1])
     spec_rows = []
-    for gate, pool_dtype, H, B, T in progress(spec_cases(quick), "bench kda-decode spec", label=case_label,
-                                              unit="case"):
+    for gate, pool_dtype, H, B, T in progress(timing.in_time(spec_cases(quick), "cases"), "bench kda-decode spec",
+                                              label=case_label, unit="case"):
         spec_rows.append(_case(gate, pool_dtype, H, B, fla, timer, copy_tbs, repeats, host_n, T=T))
         torch.cuda.empty_cache()
     if spec_rows:

@@ -62,7 +62,7 @@ def run(args):
     if getattr(args, "grid", False):
         return run_grid(timer)
     rows = []
-    for B, hq, hkv, S in progress(_cases(args.quick, getattr(args, "shapes", None)), "bench paged-decode",
+    for B, hq, hkv, S in progress(timing.in_time(_cases(args.quick, getattr(args, "shapes", None))), "bench paged-decode",
                                   label=lambda c: f"{c[0]}x{c[1]}/{c[2]}:{c[3]}", unit="shape"):
         g = torch.Generator(device="cuda").manual_seed(S + B)
         q = torch.randn(B, hq, D, device="cuda", generator=g).to(torch.bfloat16)
@@ -165,7 +165,7 @@ def run_grid(timer):
     import torch
     rows = []
     cases = [(b, hq, hkv, s, d, uneven) for b, hq, hkv, d, s, uneven in GRID if b > 1]
-    for B, hq, hkv, S, d, uneven in progress(cases, "bench paged-decode --grid", unit="shape",
+    for B, hq, hkv, S, d, uneven in progress(timing.in_time(cases), "bench paged-decode --grid", unit="shape",
                                               label=lambda c: f"{c[0]}x{c[1]}/{c[2]}:{c[3]}{'~' if c[5] else ''} D={c[4]}"):
         g = torch.Generator(device="cuda").manual_seed(S + hkv + B + d)
         q = torch.randn(B, hq, d, device="cuda", generator=g).to(torch.bfloat16)

@@ -17,6 +17,34 @@ import time
 
 FLUSH_BYTES = 1 << 30
 FLUSH_MODES = ("read", "write")
+_deadline: float | None = None   # time.monotonic() past which a bench takes no more shapes (--max-seconds)
+
+
+def set_max_seconds(seconds: float | None) -> None:
+    """`--max-seconds`: from now, a bench's outer loops (`in_time`) take new shapes for at most
+    `seconds` (None: no limit)."""
+    global _deadline
+    _deadline = None if seconds is None else time.monotonic() + seconds
+
+
+class in_time:
+    """The items of a bench's outer loop (a shape each), taken while `--max-seconds` lasts: once it
+    is spent the loop ends, with a line saying how far it got, and the bench prints and writes the
+    rows it measured (a device call's time limit then still leaves a table). Has a length, for the
+    progress bar."""
+
+    def __init__(self, items, unit: str = "shapes"):
+        self.items, self.unit = list(items), unit
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self):
+        for i, item in enumerate(self.items):
+            if _deadline is not None and time.monotonic() >= _deadline:
+                print(f"--max-seconds spent: stopped after {i} of {len(self.items)} {self.unit}", flush=True)
+                return
+            yield item
 
 
 class Timer:
