@@ -8,8 +8,8 @@
 tar xJf .kc_all.tar.xz
 export PYTHONPATH=.:$PYTHONPATH PYKDA_CACHE_DIR=$PWD/.kc_all
 mkdir -p $OUT
-timeout 150 python -m pykda sanitize --tool memcheck,synccheck,initcheck --shards 4 --timeout 45 \
+timeout 200 python -m pykda sanitize --tool memcheck,synccheck,initcheck --shards 4 --timeout 90 \
   --log-dir $OUT/sanitize > $OUT/sanitize.log 2>&1
-timeout 400 python -m pykda sanitize --tool racecheck --shards 8 --timeout 380 --log-dir /tmp/racecheck \
+timeout 390 python -m pykda sanitize --tool racecheck --shards 8 --timeout 370 --log-dir /tmp/racecheck \
   > $OUT/racecheck.log 2>&1   # (its eight logs stay there: a call brings back few files)
 tail -4 $OUT/sanitize.log; tail -2 $OUT/racecheck.log
