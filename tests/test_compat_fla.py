@@ -18,6 +18,7 @@ from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd  # noqa: E402
 
 from pykda.compat import fla as compat  # noqa: E402
 from pykda.ops import kda, kda_decode  # noqa: E402
+from pykda.runtime.device import DeviceInfo  # noqa: E402
 from test_host_overhead import _driver_reads, cpu_twin_of_arrays, stubbed_gpu  # noqa: E402
 
 B, T, H, K = 1, 40, 2, 64
@@ -135,14 +136,15 @@ def test_devices_other_than_sm90_stay_on_fla(registered, monkeypatch):
     gpu_q = types.SimpleNamespace(is_cuda=True, get_device=lambda: 3, requires_grad=False)
     x = tokens()
     for capability, ok in (((8, 0), False), ((10, 0), False), ((9, 0), True)):
-        monkeypatch.setattr(compat.runtime, "device_info",
-                            lambda device, c=capability: types.SimpleNamespace(capability=c) if device == 3 else None)
+        info = DeviceInfo(3, "GPU", capability, 132, 232448, 233472, 60 << 20)
+        monkeypatch.setattr(compat.runtime, "device_info", lambda device, info=info: info if device == 3 else None)
         chunk = compat.ChunkKdaBackend().verify("chunk_kda", gpu_q, *list(x.values())[1:])
         step = compat.RecurrentKdaBackend().verify("fused_recurrent_kda_fwd", gpu_q, *list(x.values())[1:])
         assert chunk[0] is step[0] is ok
         if not ok:
-            assert chunk[1] == step[1] == f"pykda's kernels run on sm_90 (H100, H200); this device is " \
-                                           f"sm_{capability[0]}{capability[1]}"
+            assert chunk[1] == step[1] and chunk[1].startswith("pykda's kernels run on Hopper GPUs (compute capability "
+                                                               "9.0") and \
+                f"device 3 (GPU) has compute capability {capability[0]}.{capability[1]}" in chunk[1]
 
 
 def test_the_layers_prefill_runs_pykdas_launches(registered, fla_kernels):

@@ -70,6 +70,20 @@ def test_offline_demo(monkeypatch, capsys):
         assert template in out
 
 
+@pytest.mark.skipif(torch is None, reason="the demo asks torch for its device")
+def test_demo_on_a_gpu_it_does_not_support_shows_the_offline_compile(monkeypatch, capsys):
+    monkeypatch.setattr(runtime, "gpu_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(runtime, "device_info", lambda i: DeviceInfo(0, "NVIDIA A100-SXM4-80GB", (8, 0), 108, 166912,
+                                                                     167936, 40 << 20))
+    monkeypatch.setattr(runtime, "compile_specs", lambda specs: ((s, b"\x7fELF" + bytes(100), 0.01, False) for s in specs))
+    monkeypatch.setattr(demo, "run", lambda *a: pytest.fail("the GPU run started on an unsupported device"))
+    assert demo.main() == 0
+    out = capsys.readouterr().out
+    assert "device 0 (NVIDIA A100-SXM4-80GB) has compute capability 8.0" in out and "compiled" in out
+
+
 def test_progress_without_and_with_tqdm(monkeypatch, capsys):
     import builtins
     real_import = builtins.__import__

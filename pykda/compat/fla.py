@@ -70,16 +70,17 @@ def _fp32_gate_parameters(use_gate_in_kernel: bool, A_log, dt_bias) -> tuple:
     return tuple(x if x is None or x.dtype == torch.float32 else x.float() for x in (A_log, dt_bias))
 
 
-HOPPER = (9, 0)   # pykda's kernels are built for sm_90a (TMA, wgmma)
-
-
 def _off_hopper(t) -> str | None:
-    """Why pykda's kernels cannot run on t's device (a CUDA device other than sm_90, read once per
-    device by runtime.device_info), else None. (Anything else pykda's validation names.)"""
+    """Why pykda's kernels cannot run on t's device (runtime.UnsupportedDevice's words: a CUDA
+    device other than compute capability 9.0, read once per device), else None. (Anything else
+    pykda's validation names.)"""
     if not t.is_cuda:
         return None
-    major, minor = runtime.device_info(t.get_device()).capability
-    return None if (major, minor) == HOPPER else f"pykda's kernels run on sm_90 (H100, H200); this device is sm_{major}{minor}"
+    try:
+        runtime.device_info(t.get_device()).arch
+    except runtime.UnsupportedDevice as exc:
+        return str(exc)
+    return None
 
 
 def _grad_needed(*tensors) -> bool:

@@ -5,6 +5,16 @@ import functools
 from dataclasses import dataclass
 
 
+# The compute capabilities pykda's kernels are written for, and each one's NVRTC target: Hopper's
+# sm_90a (TMA tensor copies, mbarriers with transaction counts, clusters, wgmma, setmaxnreg). On
+# other GPUs some templates would not compile and the rest would run untested.
+KERNEL_TARGETS = {(9, 0): "sm_90a"}
+
+
+class UnsupportedDevice(ValueError):
+    """A GPU pykda's kernels are not written for (KERNEL_TARGETS)."""
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     index: int
@@ -17,9 +27,15 @@ class DeviceInfo:
 
     @property
     def arch(self) -> str:
-        """NVRTC target: Hopper gets sm_90a (wgmma, setmaxnreg), others their plain arch."""
-        major, minor = self.capability
-        return f"sm_{major}{minor}" + ("a" if (major, minor) == (9, 0) else "")
+        """The NVRTC target of pykda's kernels on this device (KERNEL_TARGETS); UnsupportedDevice
+        naming the device where there is none, before anything is compiled or launched."""
+        target = KERNEL_TARGETS.get(self.capability)
+        if target is None:
+            major, minor = self.capability
+            raise UnsupportedDevice(f"pykda's kernels run on Hopper GPUs (compute capability 9.0: H100, H200, H800, "
+                                    f"H20, GH200); device {self.index} ({self.name}) has compute capability "
+                                    f"{major}.{minor}")
+        return target
 
 
 @functools.lru_cache(maxsize=None)
