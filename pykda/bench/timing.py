@@ -27,14 +27,18 @@ def set_max_seconds(seconds: float | None) -> None:
     _deadline = None if seconds is None else time.monotonic() + seconds
 
 
-class in_time:
+def in_time(items, unit: str = "shapes") -> "_InTime":
     """The items of a bench's outer loop (a shape each), taken while `--max-seconds` lasts: once it
     is spent the loop ends, with a line saying how far it got, and the bench prints and writes the
-    rows it measured (a device call's time limit then still leaves a table). Has a length, for the
-    progress bar."""
+    rows it measured (a device call's time limit then still leaves a table)."""
+    return _InTime(list(items), unit)
 
-    def __init__(self, items, unit: str = "shapes"):
-        self.items, self.unit = list(items), unit
+
+class _InTime:
+    """in_time's iterable; it has a length, for the progress bar."""
+
+    def __init__(self, items: list, unit: str):
+        self.items, self.unit = items, unit
 
     def __len__(self) -> int:
         return len(self.items)
