@@ -363,6 +363,7 @@ def test_max_seconds_stops_taking_shapes_and_still_writes_what_ran(decode_on_cpu
     from pykda.bench import decode, timing
     now = [0.0]
     monkeypatch.setattr(timing.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(timing, "_deadline", None)   # restored after the test, whatever the runs below leave
 
     def reference_of(*args):   # once a shape
         now[0] += 10.0
