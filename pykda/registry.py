@@ -6,6 +6,7 @@ on an H200 (132 SMs, 228 KB of shared memory per SM): PERF.md's shapes and the t
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Callable, Iterator
 
@@ -19,22 +20,29 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
     argument, so a kernel is a head dim, a dtype, split or not (merged by decode_merge or in a
     cluster of 2, 4 or 8 CTAs, or the balanced split), a cache (padded, or paged with each page size of
     pykda.BatchDecodeWithPagedKVCache, gathered below 16 rows), and CTAs of at most 8 query heads
-    (transposed products: 32/8 heads) or more (64/4)."""
-    from .ops.decode import CLUSTERS, DTYPES, HEAD_DIMS, DecodeProblem, decode_spec, plan_decode
+    (transposed products: 32/8 heads) or more (64/4). Padded caches also take each chunked kernel
+    in boxes of PADDED_BOX_ROWS rows (a batch with lengths in chunks of one tile, which any of them
+    may run)."""
+    from .ops.decode import CLUSTERS, DTYPES, HEAD_DIMS, PADDED_BOX_ROWS, DecodeProblem, decode_spec, plan_decode
     from .ops.paged_decode import PAGE_SIZES
+
+    def spec(p, plan, page):   # and, for padded caches, the kernel in boxes
+        yield decode_spec(p, plan, arch, page)
+        if not page and plan.block_n > PADDED_BOX_ROWS:
+            yield decode_spec(p, dataclasses.replace(plan, box_rows=PADDED_BOX_ROWS), arch, page)
     for page in (0,) + PAGE_SIZES:
         for d, dt, (hq, hkv) in itertools.product(HEAD_DIMS, DTYPES, ((32, 8), (64, 4))):
             for s in (1, 65, 257, 131073):   # one short tile, one tile (D 64: 128 rows), one chunk of tiles; split
                 p = DecodeProblem(s, hq, hkv, d, dt)
                 plan = plan_decode(p, H200_SMS, H200_SMEM_PER_SM)
-                yield decode_spec(p, plan, arch, page)
+                yield from spec(p, plan, page)
                 if plan.split:   # the split's chunks in clusters (a batch of many waves): as many as each holds
                     batch = p._replace(batch=64)
                     for c in CLUSTERS:
                         rows = -(-s // (c * plan.block_n)) * plan.block_n   # ceil(s / c) in whole tiles
                         split = plan_decode(batch, H200_SMS, H200_SMEM_PER_SM, chunk_size=rows)
                         assert split.cluster == c, (split, c)
-                        yield decode_spec(batch, split, arch, page)
+                        yield from spec(batch, split, page)
                 # the balanced split
                 yield decode_spec(p, plan_decode(p._replace(batch=64), H200_SMS, H200_SMEM_PER_SM, balanced=True),
                                   arch, page)

@@ -144,8 +144,8 @@ def kernel_parameters(name: str, params: dict) -> list[str]:
     return kinds
 
 
-def _spec_params(p, chunk_size=None):
-    plan = plan_decode(p, **H200, chunk_size=chunk_size)
+def _spec_params(p, chunk_size=None, uneven=False):
+    plan = plan_decode(p, **H200, chunk_size=chunk_size, uneven=uneven)
     return plan, decode.decode_spec(p, plan, "sm_90a").param_dict
 
 
@@ -173,7 +173,7 @@ def test_split_batch_is_a_partial_launch_then_a_merge(offline, layout):
     o, lse = decode.flash_decode(q, k, v, batched=True, kv_layout=layout, kv_lens=lens, return_lse=True,
                                  chunk_size=64)
     assert tuple(o.shape) == (B, hq, d) and tuple(lse.shape) == (B, hq) and lse.dtype == "float32"
-    plan, params = _spec_params(DecodeProblem(S, hq, hkv, d, "bfloat16", B), chunk_size=64)
+    plan, params = _spec_params(DecodeProblem(S, hq, hkv, d, "bfloat16", B), chunk_size=64, uneven=True)
     names = [entry[0] for entry in offline["launches"]]
     assert names == ["decode_partial", "decode_merge"] and plan.cluster == 0 and params["CLUSTER"] == 0
     _, grid, block, smem, args, _ = offline["launches"][0]
@@ -193,7 +193,9 @@ def test_split_batch_is_a_partial_launch_then_a_merge(offline, layout):
     assert len(offline["workspaces"]) == 1, "one workspace: the partials and their LSEs"
     # both maps walk (head_dim, kv_heads, kv_len, batch), whatever the layout in memory
     row, head = (hkv * d * 2, d * 2) if layout == "NHD" else (d * 2, S * d * 2)
-    assert offline["maps"] == [(n, (d, hkv, S, B), (head, row, S * hkv * d * 2), (64, 1, plan.block_n, 1)) for n in "kv"]
+    # chunks of one tile over lengths on the device: boxes of PADDED_BOX_ROWS rows (none past a length read)
+    assert plan.box_rows == decode.PADDED_BOX_ROWS == params["PADDED_BOX_ROWS"]
+    assert offline["maps"] == [(n, (d, hkv, S, B), (head, row, S * hkv * d * 2), (64, 1, plan.box_rows, 1)) for n in "kv"]
 
 
 @pytest.mark.parametrize("chunk_size, chunks, cluster", [(128, 8, 8), (384, 3, 4), (512, 2, 2)])
@@ -302,8 +304,10 @@ def test_decode_family_registers_every_kernel_the_planner_picks():
     """One kernel per head dim, dtype, cache (padded or each page size), CTA kind (transposed for
     at most 8 query heads, or not) and unsplit, split with decode_merge or split in a cluster of 2,
     4 or 8; head dim 64's short tile unsplit; the transposed one-tile kernels (one stage, two warps;
-    head dim 64 in both its tiles); and the balanced split's (head dim 64 in both tiles): the
-    registry holds all 602, which cover the planner's pick for any problem and chunk."""
+    head dim 64 in both its tiles); the balanced split's (head dim 64 in both tiles); and for
+    padded caches each of those but the balanced ones again in boxes of PADDED_BOX_ROWS rows
+    (chunks of one tile over lengths on the device): the registry holds all 672, which cover the
+    planner's pick for any problem and chunk, lengths on the device or not."""
     from pykda import registry
     from pykda.ops.paged_decode import PAGE_SIZES
     specs = registry.specs("decode", "sm_90a")
@@ -312,10 +316,15 @@ def test_decode_family_registers_every_kernel_the_planner_picks():
     balanced = len(decode.HEAD_DIMS) + 1
     per_cache = 2 * (len(decode.HEAD_DIMS) * kinds + balanced) + 1 + one_tile   # (+1: head dim 64's short tile, not transposed)
     caches = len(decode.DTYPES) * (1 + len(PAGE_SIZES))
-    assert len(specs) == len(set(specs)) == caches * per_cache == 602
-    assert sum(s.param_dict["TRANSPOSED"] for s in specs) == caches * (len(decode.HEAD_DIMS) * kinds + balanced + one_tile)
+    boxed = len(decode.DTYPES) * (per_cache - 2 * balanced)   # padded caches' kernels in boxes (none balanced)
+    assert len(specs) == len(set(specs)) == caches * per_cache + boxed == 672
+    assert sum(s.param_dict.get("PADDED_BOX_ROWS", 0) == decode.PADDED_BOX_ROWS and not s.param_dict["PAGE"]
+               and not s.param_dict["BALANCED"] for s in specs) == boxed
+    transposed = len(decode.HEAD_DIMS) * kinds + one_tile
+    assert sum(s.param_dict["TRANSPOSED"] for s in specs) == caches * (transposed + balanced) + len(decode.DTYPES) * transposed
     one_stage = [s.param_dict for s in specs if s.param_dict["STAGES"] == 1]
-    assert len(one_stage) == caches * one_tile and all(d["TRANSPOSED"] and d["WARPS"] == 2 for d in one_stage)
+    assert (len(one_stage) == (caches + len(decode.DTYPES)) * one_tile
+            and all(d["TRANSPOSED"] and d["WARPS"] == 2 for d in one_stage))
     specs = set(specs)
     rng = np.random.default_rng(5)
     for _ in range(200):

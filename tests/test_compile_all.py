@@ -12,6 +12,8 @@ SPECS = registry.specs(None, "sm_90a")
 STACK_FRAMES = (
     ("decode", lambda p: p["D"] == 256 and p["BALANCED"] and not p["TRANSPOSED"], 16),   # 255 registers
     ("decode", lambda p: p["D"] == 64 and p["STAGES"] == 1 and p["BLOCK_N"] == 64, 8),   # one value, 72-80 registers
+    ("decode", lambda p: p["D"] == 64 and p.get("PADDED_BOX_ROWS") and p["BLOCK_N"] == 128 and not p["TRANSPOSED"],
+     8),   # in boxes: one value at 96 registers (102 and none in whole tiles)
     ("kda_decode", lambda p: (p["SPEC"] or p["VERIFY"]) and p["STATE"] == "float" and p["RPT"] == 8
      and p["MIN_CTAS"] == 3, 32),   # speculative steps of fp32 states, 128 registers for three CTAs an SM
     ("kda_prepare", lambda p: p["BOUNDED"] and p["BETA"] == 2 and p["K"] == 128, 16),   # 80 registers for six CTAs

@@ -41,6 +41,12 @@ DEFAULT_STAGES = {64: 3, 128: 3, 256: 3}   # D 64 at 3 (two CTAs an SM) rather t
                                           # padded 145.5 -> 139.9; 16/16 KV 8192 18.0 -> 15.0; at most 3 % lost
                                           # (16 x 32/4 KV 16384~ 39.7 -> 40.8)
 TMA_MIN_PAGE = 16     # pages of fewer rows are gathered with cp.async rather than TMA boxes
+# Padded caches with lengths on the device, in chunks of one tile: rows per TMA box, so that a CTA
+# reads its sequence's rows in boxes of 16 and no box wholly past its length (a 64-row tile of a
+# sequence of 20 rows: 32 rows read, not 64). H200, µs, whole tiles -> boxes (FlashInfer): 256 x
+# 32/8 KV 64~ 23.8 -> 20.0 (24.8), 512 x 32/8 KV 64~ 40.5 -> 32.9 (39.9), 256 x 32/4 KV 32~ D 256
+# 26.0 -> 22.9 (25.6), D 64 14.8 -> 13.1 (18.2); KV 128~ (chunks of one tile) 36.3 -> 36.1 (37.1).
+PADDED_BOX_ROWS = 16
 TRANSPOSED_MAX_HEADS = 8   # CTAs of at most this many query heads run the transposed products
 _REGS_GUESS = {(64, False): 96, (128, False): 152, (256, False): 240,   # per thread, for the occupancy
                (64, True): 96, (128, True): 128, (256, True): 168}       # estimate, by (D, transposed)
@@ -77,6 +83,7 @@ class DecodePlan:
     warps: int = WARPS    # decode_partial's consumer warps
     cluster: int = 0      # a split merged inside thread block clusters of this many CTAs (0: by decode_merge)
     balanced: int = 0     # CTAs of the balanced split (0: chunks of `chunk` rows per sequence)
+    box_rows: int = 0     # padded caches: rows per TMA box, boxes past a length unread (0: a box a tile)
 
     @property
     def split(self) -> bool:
@@ -305,7 +312,8 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
                       heads_per_cta=heads_per_cta, smem=smem_bytes(p.head_dim, block_n, stages),
                       warps=warps,
                       merge_warps=merge_warps(merge_rows(p, 0), p.head_dim, n_chunks, sm_count),
-                      cluster=merge_cluster(n_chunks) if spread or cluster_pays(tiles, n_chunks * units, slots) else 0)
+                      cluster=merge_cluster(n_chunks) if spread or cluster_pays(tiles, n_chunks * units, slots) else 0,
+                      box_rows=PADDED_BOX_ROWS if uneven and tiles == 1 and block_n > PADDED_BOX_ROWS else 0)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -316,6 +324,7 @@ def decode_spec(p: DecodeProblem, plan: DecodePlan, arch: str, page_size: int = 
         "D": p.head_dim, "DTYPE": CTYPES[p.dtype], "BLOCK_N": plan.block_n, "STAGES": plan.stages,
         "WARPS": plan.warps, "TRANSPOSED": transposed(plan.heads_per_cta), "SPLIT": plan.split, "PAGE": page_size,
         "GATHER": 0 < page_size < TMA_MIN_PAGE, "CLUSTER": plan.cluster,
+        **({"PADDED_BOX_ROWS": plan.box_rows} if plan.box_rows and not page_size else {}),
         **({"BALANCED": BALANCED_MAX_BATCH, "UNIT_COST": BALANCED_UNIT_COST} if plan.balanced else {"BALANCED": 0}),
         "MERGE_THREADS": MERGE_THREADS,
         "MERGE_COLUMNS": MERGE_COLUMNS}, arch,
@@ -437,8 +446,8 @@ def plan_for(p: DecodeProblem, device: int, chunk_size: int | None, stages: int 
     return plan, decode_spec(p, plan, dev.arch, page_size)
 
 
-def kv_tensor_maps(a: DeviceArray, name: str, batched: bool, kv_layout: str, block_n: int) -> runtime.TiledMaps:
-    """4-D maps (head_dim, kv_heads, kv_len, batch) with 64-column, block_n-row, 128-byte-swizzled
+def kv_tensor_maps(a: DeviceArray, name: str, batched: bool, kv_layout: str, box_rows: int) -> runtime.TiledMaps:
+    """4-D maps (head_dim, kv_heads, kv_len, batch) with 64-column, box_rows-row, 128-byte-swizzled
     boxes, for arrays laid out as `a`.
 
     The strides come from the array in whatever order its layout has them; a dimension of size 1
@@ -448,7 +457,7 @@ def kv_tensor_maps(a: DeviceArray, name: str, batched: bool, kv_layout: str, blo
     strides = tuple((st if n > 1 else d) * item for st, n in ((sh, h), (ss, s), (sb, b)))
     # No L2 promotion: a 256-byte fetch per 128-byte box row cost 7 % of the stream (ncu: 89 % of
     # DRAM peak with it, L2 hit rate 26 %; 96 % without, as cuDNN's kernel reads).
-    return runtime.TiledMaps(name, a.dtype, (d, h, s, b), strides, (64, 1, block_n, 1), swizzle=128)
+    return runtime.TiledMaps(name, a.dtype, (d, h, s, b), strides, (64, 1, box_rows, 1), swizzle=128)
 
 
 def row_strides(strides: tuple, batched: bool) -> tuple[np.int64, np.int64]:
@@ -542,8 +551,8 @@ def prepare_decode(q, k, v, out, kv_lens, batched, kv_layout, scale, chunk_size,
     runtime.require_gpu()
     uneven = kv_lens is not None and p.batch > 1
     plan, spec = plan_for(p, q.device, chunk_size, stages, uneven=uneven, balanced=balanced)
-    k_maps = kv_tensor_maps(k, "k", batched, kv_layout, plan.block_n)
-    v_maps = kv_tensor_maps(v, "v", batched, kv_layout, plan.block_n)
+    k_maps = kv_tensor_maps(k, "k", batched, kv_layout, plan.box_rows or plan.block_n)
+    v_maps = kv_tensor_maps(v, "v", batched, kv_layout, plan.box_rows or plan.block_n)
     k_maps(k.ptr)   # the geometries checked (TensorMapError names k or v) before any launch
     v_maps(v.ptr)
     return decode_call(p, plan, spec, q, out, batched, k_maps, v_maps, scale, p.kv_len)

@@ -484,7 +484,6 @@ class KdaCall(NamedTuple):
                                      # scan of its map, then of the starts), the recurrence
     v_maps: runtime.TiledMaps | None   # None without tokens or sequences (the map is then never read)
     scan_maps: tuple | None          # the scan's tensor maps over the maps region (scan_tensor_maps); None: no scan
-    out_shape: tuple                 # of a new out: [B, T, H, V]
     pooled: bool                     # the final states go back into the pool (initial_state)
     new_final: bool                  # a final-state array is made by the call
     returns_final: bool              # the call returns the final state (or the pool)
@@ -608,7 +607,7 @@ def prepare_chunk_kda(q, k, v, g, beta, A_log, dt_bias, initial_state, state_ind
         v_maps(v.ptr)   # the geometry checked (TensorMapError names v) before any launch
     want_final = bool(output_final_state) or final_state is not None or pooled
     nbytes, maps_at = _workspace_layout(p, plan)
-    return KdaCall(p, plan, values, tuple(launches), v_maps, scan_maps, (B, T, H, K), pooled,
+    return KdaCall(p, plan, values, tuple(launches), v_maps, scan_maps, pooled,
                    want_final and final_state is None and not pooled, want_final and (output_final_state or not pooled),
                    (nbytes, maps_at if seg.chunks else None), checkpoints)
 
@@ -768,7 +767,7 @@ def _run(call: KdaCall, arrays: CallArrays, q, stream, out, initial_state, final
         ckpt, ck_p = arrays.new_empty(0, (*shape, p.heads, p.head_dim, p.head_dim), "bfloat16")   # fla's
         ck_rows = I64(rows)
     if out is None:
-        out, o_p = arrays.new_empty(0, call.out_shape)   # bf16, as q
+        out, o_p = arrays.new_contiguous_like(0)   # [B, T, H, V] bf16: q's shape (V = K) and dtype
     if call.pooled:
         final_state, fs_p = initial_state, s0_p
     elif call.new_final:

@@ -4,6 +4,7 @@
 # 1.8 MB packed: `tar cf - .kc_t | xz > .kc_t.tar.xz` after `PYKDA_CACHE_DIR=.kc_t python -m pykda
 # compile --family decode`) and the peers.
 tar xJf .kc_t.tar.xz && tar xJf .peers.tar.xz
+[ -f .fi_ws.tar.xz ] && tar xJf .fi_ws.tar.xz -C /tmp   # FlashInfer built already (docs/studies/flashinfer_warm/)
 source .peers/activate.sh; export PYTHONPATH=.:$PYTHONPATH PYKDA_CACHE_DIR=$PWD/.kc_t
 mkdir -p $OUT
 # (Session 37 ran the decode GPU files on this code: 317 passed; memcheck 25 passed, 0 errors.
