@@ -184,6 +184,24 @@ def test_ctas_of_at_most_8_query_heads_run_the_transposed_products(hq, hkv, head
         assert decode.decode_spec(p, plan, "sm_90a").param_dict["TRANSPOSED"] is transposed
 
 
+@pytest.mark.parametrize("S, d", [(17, 128), (64, 256), (100, 64), (4096, 128)])
+def test_padded_chunks_of_one_tile_over_lengths_read_boxes(S, d):
+    """With lengths on the device and chunks of one tile, the plan reads boxes of PADDED_BOX_ROWS
+    rows (the kernel then skips boxes past each length; its tensor maps have that box); with the
+    lengths known (every sequence kv_len long), chunks of two tiles or the balanced split, whole
+    tiles."""
+    p = DecodeProblem(S, 32, 8, d, "bfloat16", 64)
+    tile = decode.tile_rows(d, S)
+    one = plan_decode(p, **H200, uneven=True, chunk_size=tile)
+    assert one.box_rows == decode.PADDED_BOX_ROWS and one.chunk == one.block_n == tile
+    assert decode.decode_spec(p, one, "sm_90a").param_dict["PADDED_BOX_ROWS"] == decode.PADDED_BOX_ROWS
+    assert decode.decode_spec(p, one, "sm_90a", 16).param_dict.get("PADDED_BOX_ROWS") is None   # pages: their own boxes
+    assert plan_decode(p, **H200, chunk_size=tile).box_rows == 0
+    assert plan_decode(p, **H200, uneven=True, balanced=True).box_rows == 0
+    if S > 2 * tile:
+        assert plan_decode(p, **H200, uneven=True, chunk_size=2 * tile).box_rows == 0
+
+
 @pytest.mark.parametrize("S, d, block_n", [(1, 64, 64), (64, 128, 64), (64, 256, 64), (65, 64, 128), (128, 64, 128)])
 def test_one_tile_sequences_stream_through_one_stage(S, d, block_n):
     """A transposed CTA of one tile fills one stage of ONE_TILE_WARPS consumer warps: more CTAs
