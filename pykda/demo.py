@@ -595,8 +595,7 @@ def main() -> int:
         return offline(steps, "the demo's GPU run needs PyTorch (its CUDA graphs), which is not installed")
     if not torch.cuda.is_available():
         return offline(steps, "PyTorch sees no CUDA GPU")
-    try:
-        runtime.device_info(torch.cuda.current_device()).arch
-    except runtime.UnsupportedDevice as exc:
-        return offline(steps, str(exc))
+    why = runtime.device_info(torch.cuda.current_device()).unsupported
+    if why is not None:
+        return offline(steps, why)
     return run(torch, steps, t_start)

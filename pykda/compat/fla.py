@@ -71,16 +71,10 @@ def _fp32_gate_parameters(use_gate_in_kernel: bool, A_log, dt_bias) -> tuple:
 
 
 def _off_hopper(t) -> str | None:
-    """Why pykda's kernels cannot run on t's device (runtime.UnsupportedDevice's words: a CUDA
-    device other than compute capability 9.0, read once per device), else None. (Anything else
-    pykda's validation names.)"""
-    if not t.is_cuda:
-        return None
-    try:
-        runtime.device_info(t.get_device()).arch
-    except runtime.UnsupportedDevice as exc:
-        return str(exc)
-    return None
+    """Why pykda's kernels cannot run on t's device (`DeviceInfo.unsupported`: a CUDA device other
+    than compute capability 9.0, read once per device), else None. (Anything else pykda's
+    validation names.)"""
+    return runtime.device_info(t.get_device()).unsupported if t.is_cuda else None
 
 
 def _grad_needed(*tensors) -> bool:

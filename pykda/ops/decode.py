@@ -551,8 +551,9 @@ def prepare_decode(q, k, v, out, kv_lens, batched, kv_layout, scale, chunk_size,
     runtime.require_gpu()
     uneven = kv_lens is not None and p.batch > 1
     plan, spec = plan_for(p, q.device, chunk_size, stages, uneven=uneven, balanced=balanced)
-    k_maps = kv_tensor_maps(k, "k", batched, kv_layout, plan.box_rows or plan.block_n)
-    v_maps = kv_tensor_maps(v, "v", batched, kv_layout, plan.box_rows or plan.block_n)
+    box_rows = plan.box_rows or plan.block_n
+    k_maps = kv_tensor_maps(k, "k", batched, kv_layout, box_rows)
+    v_maps = kv_tensor_maps(v, "v", batched, kv_layout, box_rows)
     k_maps(k.ptr)   # the geometries checked (TensorMapError names k or v) before any launch
     v_maps(v.ptr)
     return decode_call(p, plan, spec, q, out, batched, k_maps, v_maps, scale, p.kv_len)

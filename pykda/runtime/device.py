@@ -26,16 +26,22 @@ class DeviceInfo:
     l2_bytes: int
 
     @property
+    def unsupported(self) -> str | None:
+        """Why pykda's kernels cannot run on this device (no KERNEL_TARGETS entry), else None."""
+        if self.capability in KERNEL_TARGETS:
+            return None
+        major, minor = self.capability
+        return (f"pykda's kernels run on Hopper GPUs (compute capability 9.0: H100, H200, H800, H20, GH200); "
+                f"device {self.index} ({self.name}) has compute capability {major}.{minor}")
+
+    @property
     def arch(self) -> str:
         """The NVRTC target of pykda's kernels on this device (KERNEL_TARGETS); UnsupportedDevice
         naming the device where there is none, before anything is compiled or launched."""
-        target = KERNEL_TARGETS.get(self.capability)
-        if target is None:
-            major, minor = self.capability
-            raise UnsupportedDevice(f"pykda's kernels run on Hopper GPUs (compute capability 9.0: H100, H200, H800, "
-                                    f"H20, GH200); device {self.index} ({self.name}) has compute capability "
-                                    f"{major}.{minor}")
-        return target
+        why = self.unsupported
+        if why is not None:
+            raise UnsupportedDevice(why)
+        return KERNEL_TARGETS[self.capability]
 
 
 @functools.lru_cache(maxsize=None)
