@@ -32,7 +32,8 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
             yield decode_spec(p, dataclasses.replace(plan, box_rows=PADDED_BOX_ROWS), arch, page)
     for page in (0,) + PAGE_SIZES:
         for d, dt, (hq, hkv) in itertools.product(HEAD_DIMS, DTYPES, ((32, 8), (64, 4))):
-            for s in (1, 65, 257, 131073):   # one short tile, one tile (D 64: 128 rows), one chunk of tiles; split
+            for s in (1, 33, 65, 257, 131073):   # short tiles of 32 and 64 rows, one tile (D 64: 128 rows), one chunk
+                                                 # of tiles; split
                 p = DecodeProblem(s, hq, hkv, d, dt)
                 plan = plan_decode(p, H200_SMS, H200_SMEM_PER_SM)
                 yield from spec(p, plan, page)

@@ -304,20 +304,21 @@ def test_decode_family_registers_every_kernel_the_planner_picks():
     """One kernel per head dim, dtype, cache (padded or each page size), CTA kind (transposed for
     at most 8 query heads, or not) and unsplit, split with decode_merge or split in a cluster of 2,
     4 or 8; head dim 64's short tile unsplit; the transposed one-tile kernels (one stage, two warps;
-    head dim 64 in both its tiles); the balanced split's (head dim 64 in both tiles); and for
+    tiles of 32 rows, and head dim 64 in both its tiles); the balanced split's (head dim 64 in both tiles); and for
     padded caches each of those but the balanced ones again in boxes of PADDED_BOX_ROWS rows
-    (chunks of one tile over lengths on the device): the registry holds all 672, which cover the
+    (chunks of one tile over lengths on the device): the registry holds all 720, which cover the
     planner's pick for any problem and chunk, lengths on the device or not."""
     from pykda import registry
     from pykda.ops.paged_decode import PAGE_SIZES
     specs = registry.specs("decode", "sm_90a")
     kinds = 2 + len(decode.CLUSTERS)   # unsplit, merged by decode_merge, merged in each cluster size
-    one_tile = len(decode.HEAD_DIMS) + 1   # transposed, one stage; head dim 64 has two tiles (the others' is 64 rows)
+    # transposed, one stage: tiles of 32 rows (ONE_TILE_SHORT_ROWS) and the short tile; head dim 64's of 128 rows too
+    one_tile = 2 * len(decode.HEAD_DIMS) + 1
     balanced = len(decode.HEAD_DIMS) + 1
     per_cache = 2 * (len(decode.HEAD_DIMS) * kinds + balanced) + 1 + one_tile   # (+1: head dim 64's short tile, not transposed)
     caches = len(decode.DTYPES) * (1 + len(PAGE_SIZES))
     boxed = len(decode.DTYPES) * (per_cache - 2 * balanced)   # padded caches' kernels in boxes (none balanced)
-    assert len(specs) == len(set(specs)) == caches * per_cache + boxed == 672
+    assert len(specs) == len(set(specs)) == caches * per_cache + boxed == 720
     assert sum(s.param_dict.get("PADDED_BOX_ROWS", 0) == decode.PADDED_BOX_ROWS and not s.param_dict["PAGE"]
                and not s.param_dict["BALANCED"] for s in specs) == boxed
     transposed = len(decode.HEAD_DIMS) * kinds + one_tile

@@ -122,7 +122,9 @@ H200 = dict(sm_count=132, smem_per_sm=233472)
 def test_plan_covers_every_row_and_fills_the_gpu(S, hq, hkv):
     p = DecodeProblem(S, hq, hkv, 128, "bfloat16")
     plan = plan_decode(p, **H200)
-    assert plan.chunk % TILE_ROWS[128] == 0 and plan.block_n == TILE_ROWS[128]
+    # (sequences within ONE_TILE_SHORT_ROWS rows: one tile of that many)
+    tile = decode.ONE_TILE_SHORT_ROWS if S <= decode.ONE_TILE_SHORT_ROWS else TILE_ROWS[128]
+    assert plan.chunk % tile == 0 and plan.block_n == tile
     # ceil(kv_len / chunk) chunks, the last the remainder (at most a chunk; a single chunk may be
     # short): every row in a chunk, no chunk empty (131073 rows: the last chunk of one row, 131072:
     # 33 chunks of 63 tiles, the last of 32; see test_plan_takes_chunks_of_any_tile_count)
@@ -193,7 +195,7 @@ def test_padded_chunks_of_one_tile_over_lengths_read_boxes(S, d):
     p = DecodeProblem(S, 32, 8, d, "bfloat16", 64)
     tile = decode.tile_rows(d, S)
     one = plan_decode(p, **H200, uneven=True, chunk_size=tile)
-    assert one.box_rows == decode.PADDED_BOX_ROWS and one.chunk == one.block_n == tile
+    assert one.box_rows == decode.PADDED_BOX_ROWS and one.chunk == one.block_n <= tile
     assert decode.decode_spec(p, one, "sm_90a").param_dict["PADDED_BOX_ROWS"] == decode.PADDED_BOX_ROWS
     assert decode.decode_spec(p, one, "sm_90a", 16).param_dict.get("PADDED_BOX_ROWS") is None   # pages: their own boxes
     assert plan_decode(p, **H200, chunk_size=tile).box_rows == 0
@@ -202,10 +204,11 @@ def test_padded_chunks_of_one_tile_over_lengths_read_boxes(S, d):
         assert plan_decode(p, **H200, uneven=True, chunk_size=2 * tile).box_rows == 0
 
 
-@pytest.mark.parametrize("S, d, block_n", [(1, 64, 64), (64, 128, 64), (64, 256, 64), (65, 64, 128), (128, 64, 128)])
+@pytest.mark.parametrize("S, d, block_n", [(1, 64, 32), (32, 256, 32), (33, 64, 64), (64, 128, 64), (64, 256, 64),
+                                           (65, 64, 128), (128, 64, 128)])
 def test_one_tile_sequences_stream_through_one_stage(S, d, block_n):
-    """A transposed CTA of one tile fills one stage of ONE_TILE_WARPS consumer warps: more CTAs
-    share an SM. The balanced split walks many tiles (its default stages); a stages override
+    """A transposed CTA of one tile fills one stage of ONE_TILE_WARPS consumer warps (a tile of
+    ONE_TILE_SHORT_ROWS for sequences within that): more CTAs share an SM. The balanced split walks many tiles (its default stages); a stages override
     stands (with the default warps); two tiles, or CTAs of 16 heads, take the defaults."""
     for batch, uneven, hq in ((1, False, 32), (256, True, 32), (3, True, 64)):   # groups of 4, 4 and 8
         p = DecodeProblem(S, hq, 8, d, "bfloat16", batch)
@@ -288,6 +291,8 @@ def _every_tile_count(p, sm_count=132, smem_per_sm=233472, uneven=False):
     sequence has ceil(kv_len / chunk) chunks (the last the remainder, never more than a chunk), so
     each wave costs a whole chunk: waves x (tiles + 1.5), plus the merge when split."""
     bn, stages = decode.tile_rows(p.head_dim, p.kv_len), decode.DEFAULT_STAGES[p.head_dim]   # (many tiles)
+    if p.kv_len <= decode.ONE_TILE_SHORT_ROWS and decode.transposed(min(p.group, decode.MAX_HEADS_PER_CTA)):
+        return decode.ONE_TILE_SHORT_ROWS   # one-tile CTAs of the shortest tile
     n_tiles, units = -(-p.kv_len // bn), p.batch * p.kv_heads * p.head_blocks
     slots = sm_count * decode.ctas_per_sm(p.head_dim, bn, stages, smem_per_sm, min(p.group, decode.MAX_HEADS_PER_CTA),
                                           decode.WARPS)

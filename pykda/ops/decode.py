@@ -31,6 +31,9 @@ CTYPES = {"bfloat16": "bf16_t", "float16": "fp16_t"}
 TILE_ROWS = {64: 128, 128: 64, 256: 64}   # KV rows per pipeline tile, by head dim
 SHORT_TILE_ROWS = 64   # the tile of a sequence that fits in it, any head dim: a 128-row tile of <= 64
                        # rows leaves warps idle (32/8 heads D 64, KV 16 / 64: 6.26 / 6.40 µs -> 5.98 / 6.04)
+ONE_TILE_SHORT_ROWS = 32   # one-tile CTAs (two warps of 16 rows) of sequences within this many rows: half
+                           # the shared memory, more CTAs an SM (H200, µs, 64-row -> 32-row tiles, boxes of
+                           # 16: 256 x 32/8 KV 32~ 18.4 -> 16.1, 256 x 32/4 KV 32~ D 256 22.9 -> 18.8)
 WARPS = 4             # consumer warps; one more warp produces
 ONE_TILE_WARPS = 2    # `one_tile_ctas`' consumer warps
 MAX_HEADS_PER_CTA = 16
@@ -276,6 +279,8 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
     heads_per_cta = min(p.group, MAX_HEADS_PER_CTA)
     one_tile = one_tile_ctas(p.kv_len, block_n, heads_per_cta, balanced)
     stages = stages or (1 if one_tile else DEFAULT_STAGES[p.head_dim])
+    if one_tile and stages == 1 and p.kv_len <= ONE_TILE_SHORT_ROWS:
+        block_n = ONE_TILE_SHORT_ROWS
     warps = ONE_TILE_WARPS if one_tile and stages == 1 else WARPS
     head_blocks = p.head_blocks
     units = p.batch * p.kv_heads * head_blocks
@@ -285,7 +290,7 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
         if not is_int(chunk_size) or not 0 < chunk_size <= MAX_CHUNK_ROWS or chunk_size % block_n:
             raise ValueError(f"chunk_size must be a positive multiple of {block_n} (the tile rows for "
                              f"head_dim {p.head_dim} at kv_len {p.kv_len}) below 2^31; got {chunk_size!r}")
-        tiles = chunk_size // block_n
+        tiles = min(chunk_size // block_n, n_tiles)   # a chunk past the longest sequence is that sequence
     else:
         costs = []   # (cost, tiles), tiles increasing
         for tiles in chunk_tile_counts(p.kv_len, block_n):

@@ -1,8 +1,8 @@
 """One-tile batches (issue 13) with the one-tile CTAs reshaped by patching the planner's constants:
-whole tiles read instead of boxes of PADDED_BOX_ROWS rows (the planner before session 41), one
-consumer warp instead of two (ONE_TILE_WARPS), tiles of 32 rows for sequences within 32
-(`tile_rows`), FlashInfer beside (same process, cold L2, CUDA events, µs medians; the error is
-the max |Δ| from the planner's output). From the repository root after `source .peers/activate.sh`:
+tiles of 64 rows for sequences within 32 (ONE_TILE_SHORT_ROWS, the planner before branch
+wip/tile32), whole tiles read instead of boxes of PADDED_BOX_ROWS rows (the planner before session
+41), one consumer warp instead of two (ONE_TILE_WARPS); FlashInfer beside (same process, cold L2,
+CUDA events, µs medians; the error is the max |Δ| from the planner's output). From the repository root after `source .peers/activate.sh`:
 `python docs/studies/decode_short/knobs.py`."""
 import contextlib
 
@@ -12,16 +12,9 @@ from pykda.bench import decode as bench, timing
 from pykda.ops import decode
 
 SHAPES = [(256, 32, 8, 64, 128), (512, 32, 8, 64, 128), (256, 32, 8, 128, 128), (256, 32, 4, 32, 256), (256, 32, 8, 32, 128),
-          (256, 64, 8, 33, 128), (256, 32, 8, 64, 64), (64, 32, 8, 64, 128)]
-PLANNER_TILE_ROWS = decode.tile_rows
-
-
-def tile32(head_dim, kv_len):
-    return 32 if kv_len <= 32 else PLANNER_TILE_ROWS(head_dim, kv_len)
-
-
-VARIANTS = {"planner": {}, "whole tiles": dict(PADDED_BOX_ROWS=1 << 30), "1 warp": dict(ONE_TILE_WARPS=1),
-            "tile 32": dict(tile_rows=tile32), "tile 32, 1 warp": dict(tile_rows=tile32, ONE_TILE_WARPS=1)}
+          (256, 64, 8, 33, 128), (256, 32, 8, 64, 64), (64, 32, 8, 64, 128), (1, 32, 8, 17, 64)]
+VARIANTS = {"planner": {}, "64-row tiles": dict(ONE_TILE_SHORT_ROWS=0), "whole tiles": dict(PADDED_BOX_ROWS=1 << 30),
+            "1 warp": dict(ONE_TILE_WARPS=1)}
 
 
 @contextlib.contextmanager
