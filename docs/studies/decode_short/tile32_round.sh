@@ -3,11 +3,12 @@
 # tile32_round.sh time` (~4 min: knobs.py, the decode grid and the paged grid beside FlashInfer).
 # The branch: one-tile CTAs of sequences within 32 rows in tiles of 32 (ONE_TILE_SHORT_ROWS), and
 # paged TMA boxes wholly past a request's end not read (they reread its last page). Build the cache
-# first: `PYKDA_CACHE_DIR=.kc_dec python -m pykda compile --family decode`, the same with
-# PYKDA_SANITIZE=1, then `tar cf - .kc_dec | xz > .kc_dec.tar.xz`. Carry [".kc_dec.tar.xz",
+# first (session 41 left it packed in the main checkout, if still there): `PYKDA_CACHE_DIR=.kc_wip32
+# python -m pykda compile --family decode`, the same with
+# PYKDA_SANITIZE=1, then `tar cf - .kc_wip32 | xz > .kc_wip32.tar.xz`. Carry [".kc_wip32.tar.xz",
 # ".peers.tar.xz", ".fi_ws.tar.xz"].
-[ -d .kc_dec ] || tar xJf .kc_dec.tar.xz; [ -d .peers/site ] || tar xJf .peers.tar.xz
-source .peers/activate.sh; export PYTHONPATH=.:$PYTHONPATH PYKDA_CACHE_DIR=$PWD/.kc_dec
+[ -d .kc_wip32 ] || tar xJf .kc_wip32.tar.xz; [ -d .peers/site ] || tar xJf .peers.tar.xz
+source .peers/activate.sh; export PYTHONPATH=.:$PYTHONPATH PYKDA_CACHE_DIR=$PWD/.kc_wip32
 mkdir -p $OUT
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$1" = check ]; then
