@@ -72,18 +72,16 @@ def batch_decode_attention(q, k, v, scale=None):
         raise ValueError(f"Hq={Hq} must be a multiple of Hkv={Hkv}")
     if scale is None:
         scale = 1.0 / xp.sqrt(D)
-    kv_head = xp.arange(Hq) // (Hq // Hkv)
-    kh = k[:, :, kv_head, :]  # [B, S, Hq, D]
-    vh = v[:, :, kv_head, :]  # [B, S, Hq, Dv]
-    s = scale * xp.einsum("bhd,bshd->bhs", q, kh)  # [B, Hq, S]
-    if s.shape[-1] == 0:
+    if k.shape[1] == 0:
         return xp.zeros((B, Hq, v.shape[3])), xp.full((B, Hq), -xp.inf)
+    qg = q.reshape(B, Hkv, Hq // Hkv, D)   # each KV head's group of query heads, K and V never copied per head
+    s = scale * xp.einsum("bkgd,bskd->bkgs", qg, k)  # [B, Hkv, G, S]
     m = s.max(axis=-1, keepdims=True)
     p = xp.exp(s - m)
     l = p.sum(axis=-1)
-    o = xp.einsum("bhs,bshd->bhd", p, vh) / l[..., None]
+    o = xp.einsum("bkgs,bskd->bkgd", p, v) / l[..., None]
     lse = m[..., 0] + xp.log(l)
-    return o, lse
+    return o.reshape(B, Hq, v.shape[3]), lse.reshape(B, Hq)
 
 
 def decode_attention(q, k, v, scale=None):
