@@ -21,8 +21,8 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
     cluster of 2, 4 or 8 CTAs, or the balanced split), a cache (padded, or paged with each page size of
     pykda.BatchDecodeWithPagedKVCache, gathered below 16 rows), and CTAs of at most 8 query heads
     (transposed products: 32/8 heads) or more (64/4). Padded caches also take each chunked kernel
-    in boxes of PADDED_BOX_ROWS rows (a batch with lengths in chunks of one tile, which any of them
-    may run)."""
+    with its chunks' last tiles in boxes of PADDED_BOX_ROWS rows (a batch with lengths on the
+    device, which any of them may run)."""
     from .ops.decode import CLUSTERS, DTYPES, HEAD_DIMS, PADDED_BOX_ROWS, DecodeProblem, decode_spec, plan_decode
     from .ops.paged_decode import PAGE_SIZES
 

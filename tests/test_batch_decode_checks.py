@@ -187,15 +187,17 @@ def test_split_batch_is_a_partial_launch_then_a_merge(offline, layout):
     assert grid == (B * hq // 2, d // 32, 1) and block == (256, 1, 1) and smem == 0
     assert [_KINDS[type(a)] for a in merge_args] == kernel_parameters("decode_merge", params)
     ws_o, ws_lse, kv_lens, kv_len, q_heads, n_chunks, chunk, o_p, *_, lse_p, row_warps, n_rows, kv_heads, batch = merge_args
-    assert (ws_o, ws_lse, kv_lens) == tuple(args[11:13]) + (lens.ptr,) and (kv_len, q_heads, n_chunks, chunk) == (S, hq, 16, 64)
-    assert (o_p, lse_p) == (args[13], args[16]) and lse_p != 0 and (row_warps, n_rows, kv_heads, batch) == (4, B * hq, hkv, B)
+    assert (ws_o, ws_lse, kv_lens) == tuple(args[13:15]) + (lens.ptr,) and (kv_len, q_heads, n_chunks, chunk) == (S, hq, 16, 64)
+    assert (o_p, lse_p) == (args[15], args[18]) and lse_p != 0 and (row_warps, n_rows, kv_heads, batch) == (4, B * hq, hkv, B)
     assert tuple(args[-2:]) == (hkv, B), "the kernel's last arguments: KV heads, batch"
     assert len(offline["workspaces"]) == 1, "one workspace: the partials and their LSEs"
     # both maps walk (head_dim, kv_heads, kv_len, batch), whatever the layout in memory
     row, head = (hkv * d * 2, d * 2) if layout == "NHD" else (d * 2, S * d * 2)
-    # chunks of one tile over lengths on the device: boxes of PADDED_BOX_ROWS rows (none past a length read)
+    # lengths on the device: whole tiles, then each chunk's last tile in boxes of PADDED_BOX_ROWS rows
+    # (none past a length read), the maps in the kernel's order (k, v, k's tail, v's tail)
     assert plan.box_rows == decode.PADDED_BOX_ROWS == params["PADDED_BOX_ROWS"]
-    assert offline["maps"] == [(n, (d, hkv, S, B), (head, row, S * hkv * d * 2), (64, 1, plan.box_rows, 1)) for n in "kv"]
+    assert offline["maps"] == [(n, (d, hkv, S, B), (head, row, S * hkv * d * 2), (64, 1, rows, 1))
+                               for rows in (plan.block_n, plan.box_rows) for n in "kv"]
 
 
 @pytest.mark.parametrize("chunk_size, chunks, cluster", [(128, 8, 8), (384, 3, 4), (512, 2, 2)])
@@ -211,8 +213,8 @@ def test_split_of_few_chunks_in_many_waves_merges_in_a_cluster(offline, chunk_si
     assert (plan.n_chunks, plan.cluster, params["CLUSTER"]) == (chunks, cluster, cluster)
     ((name, grid, block, smem, args, spec),) = offline["launches"]
     assert name == "decode_partial" and grid == (cluster, hkv, B) and spec.param_dict["CLUSTER"] == cluster
-    assert args[11:13] == (0, 0) and offline["workspaces"] == []
-    assert args[-3] == chunk_size and lens.ptr in args and args[16] != 0   # the LSE, written by the cluster
+    assert args[13:15] == (0, 0) and offline["workspaces"] == []
+    assert args[-3] == chunk_size and lens.ptr in args and args[18] != 0   # the LSE, written by the cluster
 
 
 def test_clusters_only_beyond_one_round_or_for_one_tile_chunks():
@@ -245,7 +247,7 @@ def test_the_chunk_is_the_last_argument(offline, chunk_size):
     (_, grid, _, _, args, spec), (merge, *_, merge_args, _) = offline["launches"]
     assert grid == (n_chunks, hkv, B) and args[-3] == rows and type(args[-3]) is np.int32
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", spec.param_dict)
-    assert len(args) == len(decode.KERNEL_SIGNATURE) == 28
+    assert len(args) == len(decode.KERNEL_SIGNATURE) == 30
     assert merge == "decode_merge" and merge_args[5:7] == (n_chunks, rows)
 
 
@@ -257,7 +259,7 @@ def test_split_decode_takes_one_workspace_from_q_partials_then_lse(offline):
     ((ref, stream, nbytes),) = offline["workspaces"]
     assert ref is q and stream == 0
     (*_, args, _), (*_, merge_args, _) = offline["launches"]
-    ws_o, ws_lse = args[11:13]
+    ws_o, ws_lse = args[13:15]
     assert ws_o == BASE * 4 and merge_args[:2] == (ws_o, ws_lse)
     assert ws_lse == ws_o + n_part * d * 4
     assert nbytes == ws_lse + n_part * 4 - ws_o
@@ -269,7 +271,7 @@ def test_decode_without_a_split_takes_no_workspace(offline):
     decode.flash_decode(q, k, v, batched=True)
     assert offline["workspaces"] == []
     ((name, *_, args, _),) = offline["launches"]   # no merge
-    assert name == "decode_partial" and args[11:13] == (0, 0) and args[13] == BASE * 2   # the new out
+    assert name == "decode_partial" and args[13:15] == (0, 0) and args[15] == BASE * 2   # the new out
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
@@ -286,7 +288,7 @@ def test_single_decode_is_a_batch_of_one(offline, layout):
     # one sequence of 16 heads and 20 chunks: a CTA (8 warps) per head and 32 columns
     assert plan.n_chunks == 20 and plan.merge_warps == 8 and merge == "decode_merge" and merge_grid == (hq, d // 32, 1)
     assert [_KINDS[type(a)] for a in merge_args] == kernel_parameters("decode_merge", params)
-    assert merge_args == (*args[11:13], 0, S, hq, plan.n_chunks, plan.chunk, args[13], 0, d, 0, 8, hq, hkv, 1), \
+    assert merge_args == (*args[13:15], 0, S, hq, plan.n_chunks, plan.chunk, args[15], 0, d, 0, 8, hq, hkv, 1), \
         "no kv_lens (every row S), out without a batch stride, no LSE asked for"
     # size-1 dims (one KV head, one sequence) get a stride TMA accepts
     row = d * 2 if layout == "HND" else hkv * d * 2
@@ -406,10 +408,10 @@ def test_balanced_split_is_one_round_of_ctas_then_a_merge(offline):
     assert (name, merge) == ("decode_partial", "decode_merge") and spec.param_dict["BALANCED"] == decode.BALANCED_MAX_BATCH
     assert grid == (264, 1, 2) and block == (160, 1, 1) and smem == plan.smem
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", spec.param_dict)
-    assert tuple(args[-2:]) == (hkv, B) and args[5] == lens.ptr
+    assert tuple(args[-2:]) == (hkv, B) and args[7] == lens.ptr
     rows = (264 + B * hkv) * (hq // hkv)
     ((_, _, nbytes),) = offline["workspaces"]
-    assert args[12] - args[11] == rows * d * 4 and nbytes == rows * (d * 4 + 4) + 8 * B * hkv + 4 * 264
+    assert args[14] - args[13] == rows * d * 4 and nbytes == rows * (d * 4 + 4) + 8 * B * hkv + 4 * 264
     assert merge_args[5] == 264 and tuple(merge_args[-3:]) == (264 * (hq // hkv), hkv, B)
 
 

@@ -187,21 +187,20 @@ def test_ctas_of_at_most_8_query_heads_run_the_transposed_products(hq, hkv, head
 
 
 @pytest.mark.parametrize("S, d", [(17, 128), (64, 256), (100, 64), (4096, 128)])
-def test_padded_chunks_of_one_tile_over_lengths_read_boxes(S, d):
-    """With lengths on the device and chunks of one tile, the plan reads boxes of PADDED_BOX_ROWS
-    rows (the kernel then skips boxes past each length; its tensor maps have that box); with the
-    lengths known (every sequence kv_len long), chunks of two tiles or the balanced split, whole
-    tiles."""
+def test_padded_chunks_over_lengths_read_their_tails_in_boxes(S, d):
+    """With lengths on the device, a chunked plan of any chunk size reads each chunk's last,
+    partial tile in boxes of PADDED_BOX_ROWS rows (the kernel then skips boxes past each length;
+    its tail maps have that box); with the lengths known (every sequence kv_len long) or the
+    balanced split, whole tiles only."""
     p = DecodeProblem(S, 32, 8, d, "bfloat16", 64)
     tile = decode.tile_rows(d, S)
-    one = plan_decode(p, **H200, uneven=True, chunk_size=tile)
-    assert one.box_rows == decode.PADDED_BOX_ROWS and one.chunk == one.block_n <= tile
-    assert decode.decode_spec(p, one, "sm_90a").param_dict["PADDED_BOX_ROWS"] == decode.PADDED_BOX_ROWS
-    assert decode.decode_spec(p, one, "sm_90a", 16).param_dict.get("PADDED_BOX_ROWS") is None   # pages: their own boxes
-    assert plan_decode(p, **H200, chunk_size=tile).box_rows == 0
+    for chunk_size in (tile, 2 * tile, None):
+        plan = plan_decode(p, **H200, uneven=True, chunk_size=chunk_size)
+        assert plan.box_rows == decode.PADDED_BOX_ROWS and not plan.balanced
+        assert decode.decode_spec(p, plan, "sm_90a").param_dict["PADDED_BOX_ROWS"] == decode.PADDED_BOX_ROWS
+        assert decode.decode_spec(p, plan, "sm_90a", 16).param_dict.get("PADDED_BOX_ROWS") is None   # pages: their own
+        assert plan_decode(p, **H200, chunk_size=chunk_size).box_rows == 0
     assert plan_decode(p, **H200, uneven=True, balanced=True).box_rows == 0
-    if S > 2 * tile:
-        assert plan_decode(p, **H200, uneven=True, chunk_size=2 * tile).box_rows == 0
 
 
 @pytest.mark.parametrize("S, d, block_n", [(1, 64, 32), (32, 256, 32), (33, 64, 64), (64, 128, 64), (64, 256, 64),

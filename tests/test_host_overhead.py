@@ -377,10 +377,11 @@ def test_stubbed_single_decode_reads_the_call_values():
     for (_, params, geometry), (_, merge, merge_geometry), (q, k, v, o, lse) in zip(seen[0::2], seen[1::2], calls):
         ws = _workspace(call, gpu.scratch)
         assert geometry == ((n_chunks, hkv, 1), ((decode.WARPS + 1) * 32, 1, 1), call.plan.smem, 0)
-        assert params[:6] == [q.data_ptr(), 0, D, tensor_map(k.data_ptr()), tensor_map(v.data_ptr()), 0]
-        assert params[6:11] == [S, hq // hkv, hq // hkv, 1, float(np.float32(D ** -0.5))]
-        assert params[11:14] == ws + [o.data_ptr()]
-        assert params[14:] == [0, D, lse.data_ptr(), 0, 0, k.data_ptr(), v.data_ptr(), 0, 0, 0, 0, chunk, hkv, 1]
+        maps = [tensor_map(k.data_ptr()), tensor_map(v.data_ptr())]
+        assert params[:8] == [q.data_ptr(), 0, D, *maps, *maps, 0]   # no lengths: the tails are the whole tiles'
+        assert params[8:13] == [S, hq // hkv, hq // hkv, 1, float(np.float32(D ** -0.5))]
+        assert params[13:16] == ws + [o.data_ptr()]
+        assert params[16:] == [0, D, lse.data_ptr(), 0, 0, k.data_ptr(), v.data_ptr(), 0, 0, 0, 0, chunk, hkv, 1]
         assert call.plan.merge_warps == 8 and merge_geometry == _merge_geometry(1, hq, 8)   # 32 chunks: a CTA a row
         assert merge == ws + [0, S, hq, n_chunks, chunk, o.data_ptr(), 0, D, lse.data_ptr(), 8, hq, hkv, 1]
 
@@ -404,14 +405,14 @@ def test_stubbed_padded_batch_decode_reads_the_call_values():
             calls.append((q, k, v, lens, out))
         assert len(decode.PREPARED.results) == 1
         call = decode.PREPARED.last[1]
-    assert not call.plan.split and gpu.scratch == [] and len(seen) == 2   # the spy: 28 parameters each
+    assert not call.plan.split and gpu.scratch == [] and len(seen) == 2   # the spy: 30 parameters each
     assert list(gpu.kernels) == ["decode_partial"]
     for (_, params, geometry), (q, k, v, lens, out) in zip(seen, calls):
         assert geometry == ((1, hkv, batch * 2), ((decode.WARPS + 1) * 32, 1, 1), call.plan.smem, 0)
-        assert params[:6] == [q.data_ptr(), hq * D, D, tensor_map(k.data_ptr()), tensor_map(v.data_ptr()),
-                              lens.data_ptr()]
-        assert params[6:11] == [S, hq, 16, 2, float(np.float32(D ** -0.5))]
-        assert params[11:] == [0, 0, out.data_ptr(), *out.stride()[:2], 0, 0, 0, k.data_ptr(), v.data_ptr(), 0, 0,
+        maps = [tensor_map(k.data_ptr()), tensor_map(v.data_ptr())]   # (the stub's maps: the address alone)
+        assert params[:8] == [q.data_ptr(), hq * D, D, *maps, *maps, lens.data_ptr()]
+        assert params[8:13] == [S, hq, 16, 2, float(np.float32(D ** -0.5))]
+        assert params[13:] == [0, 0, out.data_ptr(), *out.stride()[:2], 0, 0, 0, k.data_ptr(), v.data_ptr(), 0, 0,
                                0, 0, 256, hkv, batch]   # the chunk asked for, then KV heads and batch
 
 
@@ -450,12 +451,12 @@ def test_stubbed_paged_run_reads_the_call_values(page_size):
         ws = _workspace(call, gpu.scratch)
         assert geometry == ((call.plan.n_chunks, hkv, len(lens)), ((decode.WARPS + 1) * 32, 1, 1), call.plan.smem, 0)
         maps = [tensor_map(k.data_ptr()), tensor_map(v.data_ptr())] if page_size >= 16 else [bytes(128)] * 2
-        assert params[:6] == [q.data_ptr(), hq * D, D, *maps, tables]
-        assert params[6:11] == [paged_decode.MAX_ROWS, hq // hkv, hq // hkv, 1, float(np.float32(D ** -0.5))]
-        assert params[11:14] == ws + [o.data_ptr()]
-        assert params[14:21] == [hq * D, D, lse.data_ptr(), tables + 4 * len(lens), indices.data_ptr(), k.data_ptr(),
+        assert params[:8] == [q.data_ptr(), hq * D, D, *maps, *maps, tables]   # pages: tails in the pages' own boxes
+        assert params[8:13] == [paged_decode.MAX_ROWS, hq // hkv, hq // hkv, 1, float(np.float32(D ** -0.5))]
+        assert params[13:16] == ws + [o.data_ptr()]
+        assert params[16:23] == [hq * D, D, lse.data_ptr(), tables + 4 * len(lens), indices.data_ptr(), k.data_ptr(),
                                  v.data_ptr()]
-        assert params[21:] == [num_pages, *k.stride()[:3], 64, hkv, len(lens)]   # pages' count, strides; chunk, heads, batch
+        assert params[23:] == [num_pages, *k.stride()[:3], 64, hkv, len(lens)]   # pages' count, strides; chunk, heads, batch
         assert call.plan.merge_warps == 4 and merge_geometry == _merge_geometry(len(lens), hq, 4)   # 10 chunks
         assert merge == ws + [tables, paged_decode.MAX_ROWS, hq, 10, 64, o.data_ptr(), hq * D, D, lse.data_ptr(), 4,
                               len(lens) * hq, hkv, len(lens)]

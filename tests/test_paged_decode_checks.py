@@ -262,21 +262,21 @@ def test_run_is_a_partial_launch_then_a_merge_with_the_page_table(offline, page_
     # ceil(1000 / 64) = 16 chunks (the longest request's), the last of 40 rows
     assert name == "decode_partial" and grid == (16, hkv, B) and block == (160, 1, 1)
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", spec.param_dict)
-    assert args[5] == TABLES and args[6] == paged_decode.MAX_ROWS, "rows per request from the plan, never clamped"
+    assert args[7] == TABLES and args[8] == paged_decode.MAX_ROWS, "rows per request from the plan, never clamped"
     n_part = B * hq * 16   # partial rows: 16 chunks
-    assert args[11:13] == (BASE * 4, BASE * 4 + n_part * d * 4), "the partial outputs (fp32), then their LSE"
-    assert args[17:21] == (TABLES + 4 * B, INDICES, K, V)
+    assert args[13:15] == (BASE * 4, BASE * 4 + n_part * d * 4), "the partial outputs (fp32), then their LSE"
+    assert args[19:23] == (TABLES + 4 * B, INDICES, K, V)
     page, row, head = (page_size * hkv * d, hkv * d, d) if layout == "NHD" else (hkv * page_size * d, d, page_size * d)
-    assert args[21:] == (P, page, row, head, 64, hkv, B), "the pages' count and strides, the chunk, KV heads, batch"
+    assert args[23:] == (P, page, row, head, 64, hkv, B), "the pages' count and strides, the chunk, KV heads, batch"
     assert merge == "decode_merge" and merge_spec == spec
     # 16 chunks: four warps per (query row, 32 columns), two rows a CTA
     assert (merge_grid, merge_block, merge_smem) == ((B * hq // 2, d // 32, 1), (256, 1, 1), 0)
     assert [_KINDS[type(a)] for a in merge_args] == kernel_parameters("decode_merge", spec.param_dict)
-    assert merge_args == (*args[11:13], TABLES, paged_decode.MAX_ROWS, hq, 16, 64, *args[13:17], 4, B * hq, hkv, B) and \
-        args[16] != 0, "the workspace, the rows per request, heads, chunks and chunk; out, its strides and the LSE; " \
+    assert merge_args == (*args[13:15], TABLES, paged_decode.MAX_ROWS, hq, 16, 64, *args[15:19], 4, B * hq, hkv, B) and \
+        args[18] != 0, "the workspace, the rows per request, heads, chunks and chunk; out, its strides and the LSE; " \
                        "warps per row, rows, KV heads"
     if page_size < 16:   # gathered: no tensor maps
-        assert offline["maps"] == [] and args[3] == args[4] == bytes(128)
+        assert offline["maps"] == [] and args[3] == args[4] == args[5] == args[6] == bytes(128)
     else:   # (head_dim, kv_heads, page_size, num_pages) in boxes of a page's rows, at most a tile
         box = min(page_size, plan.block_n)
         assert offline["maps"] == [(n, (d, hkv, page_size, P), (head * 2, row * 2, page * 2), (64, 1, box, 1))
@@ -321,7 +321,7 @@ def test_block_tables_plan_reads_pages_in_place(offline):
     dec.run(arr((B, hq, d)), k, v)
     assert decode.plan_decode(decode.DecodeProblem(1000, hq, hkv, d, "bfloat16", B), **H200).split
     (name, *_, args, _), (merge, *_, merge_args, _) = offline["launches"]
-    assert name == "decode_partial" and args[5] == TABLES and args[17:19] == (TABLES + 4 * B, INDICES)
+    assert name == "decode_partial" and args[7] == TABLES and args[19:21] == (TABLES + 4 * B, INDICES)
     assert merge == "decode_merge" and merge_args[2] == TABLES
 
 

@@ -44,11 +44,12 @@ DEFAULT_STAGES = {64: 3, 128: 3, 256: 3}   # D 64 at 3 (two CTAs an SM) rather t
                                           # padded 145.5 -> 139.9; 16/16 KV 8192 18.0 -> 15.0; at most 3 % lost
                                           # (16 x 32/4 KV 16384~ 39.7 -> 40.8)
 TMA_MIN_PAGE = 16     # pages of fewer rows are gathered with cp.async rather than TMA boxes
-# Padded caches with lengths on the device, in chunks of one tile: rows per TMA box, so that a CTA
-# reads its sequence's rows in boxes of 16 and no box wholly past its length (a 64-row tile of a
-# sequence of 20 rows: 32 rows read, not 64). H200, µs, whole tiles -> boxes (FlashInfer): 256 x
-# 32/8 KV 64~ 23.8 -> 20.0 (24.8), 512 x 32/8 KV 64~ 40.5 -> 32.9 (39.9), 256 x 32/4 KV 32~ D 256
-# 26.0 -> 22.9 (25.6), D 64 14.8 -> 13.1 (18.2); KV 128~ (chunks of one tile) 36.3 -> 36.1 (37.1).
+# Padded caches with lengths on the device: rows per TMA box of a chunk's last, partial tile, so
+# that a CTA reads no box wholly past its sequence's length (a 64-row tile of a sequence of 20 rows:
+# 32 rows read, not 64); its whole tiles come in one box a sub-tile. H200, µs, whole tiles -> boxes
+# (FlashInfer): 256 x 32/8 KV 64~ 23.8 -> 20.0 (24.8), 512 x 32/8 KV 64~ 40.5 -> 32.9 (39.9), 256 x
+# 32/4 KV 32~ D 256 26.0 -> 22.9 (25.6), D 64 14.8 -> 13.1 (18.2). Every tile in boxes (one map)
+# cost chunks of many tiles up to 8 % (128 x 32/4 KV 1024~ D 256 74.6 -> 80.8), hence the tail maps.
 PADDED_BOX_ROWS = 16
 TRANSPOSED_MAX_HEADS = 8   # CTAs of at most this many query heads run the transposed products
 _REGS_GUESS = {(64, False): 96, (128, False): 152, (256, False): 240,   # per thread, for the occupancy
@@ -318,7 +319,7 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
                       warps=warps,
                       merge_warps=merge_warps(merge_rows(p, 0), p.head_dim, n_chunks, sm_count),
                       cluster=merge_cluster(n_chunks) if spread or cluster_pays(tiles, n_chunks * units, slots) else 0,
-                      box_rows=PADDED_BOX_ROWS if uneven and tiles == 1 and block_n > PADDED_BOX_ROWS else 0)
+                      box_rows=PADDED_BOX_ROWS if uneven and block_n > PADDED_BOX_ROWS else 0)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -418,11 +419,11 @@ def validate_decode(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceA
 
 
 # decode_partial's parameters, in order, as `runtime.signature` gives them: q and its (batch, head)
-# strides, the K and V tensor maps, kv_lens, kv_len, group, heads per CTA, head blocks, scale, the
+# strides, the K and V tensor maps (whole tiles, then a segment's partial last tile: `tail_maps`), kv_lens, kv_len, group, heads per CTA, head blocks, scale, the
 # split workspace (partial o, partial lse), out and its strides, lse; then a paged cache's page
 # table (kv_indptr, kv_indices), K and V, and the pages' count and (page, row, head) strides; last,
 # the plan's chunk (KV rows per CTA), the KV heads and the batch
-KERNEL_SIGNATURE = (int, np.int64, np.int64, 128, 128, int, np.int32, np.int32, np.int32, np.int32, np.float32,
+KERNEL_SIGNATURE = (int, np.int64, np.int64, 128, 128, 128, 128, int, np.int32, np.int32, np.int32, np.int32, np.float32,
                     int, int, int, np.int64, np.int64, int, int, int, int, int, np.int32, np.int64, np.int64,
                     np.int64, np.int32, np.int32, np.int32)
 # decode_merge's: the workspace (partial o, partial lse), kv_lens, kv_len, query heads, the
@@ -432,9 +433,9 @@ MERGE_SIGNATURE = (int, int, int, np.int32, np.int32, np.int32, np.int32, int, n
                    np.int64, np.int32, np.int32)
 # what a call gives its launches anew (runtime.CallValues), in this order (the kernels' names); all
 # else is the prepared call's
-CALL_VALUES = ("q", "k_map", "v_map", "kv_lens", "ws_o", "ws_lse", "out", "lse", "kv_indptr", "kv_indices",
+CALL_VALUES = ("q", "k_map", "v_map", "k_tail_map", "v_tail_map", "kv_lens", "ws_o", "ws_lse", "out", "lse", "kv_indptr", "kv_indices",
                "k_cache", "v_cache")
-CALL_SIGNATURE = (int, 128, 128) + (int,) * 9
+CALL_SIGNATURE = (int, 128, 128, 128, 128) + (int,) * 9
 PER_CALL = {name: runtime.PerCall(i) for i, name in enumerate(CALL_VALUES)}
 
 
@@ -482,6 +483,8 @@ class DecodeCall(NamedTuple):
     launches: tuple             # the kernel, bound to its constants
     k_maps: runtime.TiledMaps   # (or a paged cache's gather: any address's map is zeros)
     v_maps: runtime.TiledMaps
+    k_tail_maps: runtime.TiledMaps   # a padded segment's last, partial tile in boxes (or k_maps, v_maps)
+    v_tail_maps: runtime.TiledMaps
     rows: tuple                 # query rows of out and lse: (batch, heads) or (heads,)
     workspace_bytes: int        # 0 without a split or in clusters; else the partial outputs (fp32), then
     lse_offset: int             # the partial lse from this byte
@@ -508,17 +511,20 @@ def row_params(p: DecodeProblem, plan: DecodePlan, scale: float, max_rows: int) 
 
 
 def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q: DeviceArray, out: DeviceArray | None,
-                batched: bool, k_maps, v_maps, scale: float, max_rows: int, pages: tuple = NO_PAGES) -> DecodeCall:
+                batched: bool, k_maps, v_maps, scale: float, max_rows: int, pages: tuple = NO_PAGES,
+                tail_maps: tuple | None = None) -> DecodeCall:
     """The prepared call of `plan`: the kernels of `spec` (compiled on first use) bound to their
     constants: q's and out's row strides (out given, or new and contiguous), the row
     parameters (`row_params`), a paged cache's page count and strides (`pages`) and the plan's
     chunk (the last argument); with a split of more chunks than a cluster holds, decode_merge after
     decode_partial. `k_maps`,
-    `v_maps`: the tensor maps of K and V by address (TiledMaps)."""
+    `v_maps`: the tensor maps of K and V by address (TiledMaps); `tail_maps`, those of a segment's
+    last, partial tile in boxes of plan.box_rows rows (None: the same)."""
     rows = (p.batch, p.q_heads) if batched else (p.q_heads,)
     out_strides = out.strides if out is not None else contiguous_strides(rows + (p.head_dim,))
     at = PER_CALL   # at["q"]: the argument the launch reads from the call's value "q"
-    args = (at["q"], *row_strides(q.strides, batched), at["k_map"], at["v_map"], at["kv_lens"],
+    args = (at["q"], *row_strides(q.strides, batched), at["k_map"], at["v_map"], at["k_tail_map"], at["v_tail_map"],
+            at["kv_lens"],
             *row_params(p, plan, scale, max_rows), at["ws_o"], at["ws_lse"], at["out"],
             *row_strides(out_strides, batched), at["lse"], at["kv_indptr"], at["kv_indices"], at["k_cache"],
             at["v_cache"], *pages, np.int32(plan.chunk), np.int32(p.kv_heads), np.int32(p.batch))
@@ -534,7 +540,8 @@ def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q:
                       i32(plan.merge_warps), np.int64(n_rows), i32(p.kv_heads), i32(p.batch))
         launches += (bound_launch(spec, q.device, values, "decode_merge", MERGE_SIGNATURE, merge_args,
                                   (-(-n_rows // rows_per_cta), p.head_dim // MERGE_COLUMNS, 1), MERGE_THREADS, 0),)
-    return DecodeCall(p, plan, values, launches, k_maps, v_maps, rows, *workspace_layout(p, plan))
+    return DecodeCall(p, plan, values, launches, k_maps, v_maps, *(tail_maps or (k_maps, v_maps)), rows,
+                      *workspace_layout(p, plan))
 
 
 def check_balanced(balanced, chunk_size) -> None:
@@ -556,12 +563,11 @@ def prepare_decode(q, k, v, out, kv_lens, batched, kv_layout, scale, chunk_size,
     runtime.require_gpu()
     uneven = kv_lens is not None and p.batch > 1
     plan, spec = plan_for(p, q.device, chunk_size, stages, uneven=uneven, balanced=balanced)
-    box_rows = plan.box_rows or plan.block_n
-    k_maps = kv_tensor_maps(k, "k", batched, kv_layout, box_rows)
-    v_maps = kv_tensor_maps(v, "v", batched, kv_layout, box_rows)
-    k_maps(k.ptr)   # the geometries checked (TensorMapError names k or v) before any launch
-    v_maps(v.ptr)
-    return decode_call(p, plan, spec, q, out, batched, k_maps, v_maps, scale, p.kv_len)
+    box_heights = (plan.block_n, plan.box_rows) if plan.box_rows else (plan.block_n,)   # whole tiles, then tails
+    maps = [kv_tensor_maps(a, name, batched, kv_layout, rows) for rows in box_heights for a, name in ((k, "k"), (v, "v"))]
+    for m, a in zip(maps, (k, v, k, v)):
+        m(a.ptr)   # the geometries checked (TensorMapError names k or v) before any launch
+    return decode_call(p, plan, spec, q, out, batched, *maps[:2], scale, p.kv_len, tail_maps=maps[2:] or None)
 
 
 ARGUMENTS = ("q", "k", "v", "out", "kv_lens")
@@ -635,7 +641,7 @@ def launch(call: DecodeCall, arrays: CallArrays, stream, out, return_lse: bool, 
     if call.workspace_bytes:   # `scratch` owns the memory until the launches are enqueued
         scratch, ws_o = runtime.workspace(arrays.objs[0], strm, call.workspace_bytes)
         ws_lse = ws_o + call.lse_offset
-    call.values.launch((q_p, call.k_maps(k_p), call.v_maps(v_p), kv_lens, ws_o, ws_lse, o_p, lse_p,
+    call.values.launch((q_p, call.k_maps(k_p), call.v_maps(v_p), call.k_tail_maps(k_p), call.v_tail_maps(v_p), kv_lens, ws_o, ws_lse, o_p, lse_p,
                         *page_table, k_p, v_p), call.launches, strm)   # CALL_VALUES
     out = arrays.result(out)
     return (out, arrays.result(lse)) if return_lse else out

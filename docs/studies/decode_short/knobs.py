@@ -1,9 +1,8 @@
-"""One-tile batches (issue 13) with the one-tile CTAs reshaped by patching the planner's constants:
-tiles of 64 rows for sequences within 32 (ONE_TILE_SHORT_ROWS, the planner before branch
-wip/tile32), whole tiles read instead of boxes of PADDED_BOX_ROWS rows (the planner before session
-41), one consumer warp instead of two (ONE_TILE_WARPS); FlashInfer beside (same process, cold L2,
-CUDA events, µs medians; the error is the max |Δ| from the planner's output). From the repository root after `source .peers/activate.sh`:
-`python docs/studies/decode_short/knobs.py`."""
+"""Batches of short and uneven sequences (issue 13): the planner against whole tiles everywhere
+(PADDED_BOX_ROWS patched; the planner before session 41), FlashInfer beside (same process, cold
+L2, CUDA events, µs medians; the error is the max |Δ| from the planner's output). From the
+repository root after `source .peers/activate.sh`: `python docs/studies/decode_short/knobs.py`; with
+`PYTHONPATH=<an older tree>` first, the same table for that tree's planner."""
 import contextlib
 
 import torch
@@ -11,10 +10,10 @@ import torch
 from pykda.bench import decode as bench, timing
 from pykda.ops import decode
 
-SHAPES = [(256, 32, 8, 64, 128), (512, 32, 8, 64, 128), (256, 32, 8, 128, 128), (256, 32, 4, 32, 256), (256, 32, 8, 32, 128),
-          (256, 64, 8, 33, 128), (256, 32, 8, 64, 64), (64, 32, 8, 64, 128), (1, 32, 8, 17, 64)]
-VARIANTS = {"planner": {}, "64-row tiles": dict(ONE_TILE_SHORT_ROWS=0), "whole tiles": dict(PADDED_BOX_ROWS=1 << 30),
-            "1 warp": dict(ONE_TILE_WARPS=1)}
+SHAPES = [(256, 32, 8, 64, 128), (256, 32, 8, 32, 128), (256, 32, 4, 32, 256), (256, 32, 8, 128, 128),
+          (256, 32, 8, 256, 128), (256, 64, 8, 513, 128), (64, 32, 8, 1024, 128), (128, 16, 16, 3000, 128),
+          (128, 32, 4, 1024, 256), (16, 32, 32, 8191, 128), (32, 32, 8, 8192, 64), (256, 8, 1, 4096, 128)]
+VARIANTS = {"planner": {}, "whole tiles": dict(PADDED_BOX_ROWS=1 << 30)}
 
 
 @contextlib.contextmanager
@@ -55,7 +54,7 @@ def main():
                 cells.append(f"{type(exc).__name__[:17]:>17}")
         fi = bench._flashinfer_peers(q, k, v, lens.cpu().numpy(), True).get("fi", (None, None))[0]
         fi_us = f"{timer.median_us(fi, repeats=100):7.1f}" if fi else "      -"
-        print(f"{B:>5} x {hq}/{hkv} KV {S:>3}~ D {d:>3} " + " ".join(f"{c:>17}" for c in cells) + f" {fi_us}")
+        print(f"{B:>5} x {hq}/{hkv} KV {S:>4}~ D {d:>3} " + " ".join(f"{c:>17}" for c in cells) + f" {fi_us}")
 
 
 if __name__ == "__main__":
