@@ -1,4 +1,4 @@
-# Branch wip/tile32 on the device, from the repository root, in two calls: `bash tile32_round.sh check`
+# Branch wip/tile32 (landed in session 42) on the device, from the repository root, in two calls: `bash tile32_round.sh check`
 # (~6 min: the decode GPU files, memcheck and racecheck over the decode sanitize list) and `bash
 # tile32_round.sh time` (~4 min: knobs.py, the decode grid and the paged grid beside FlashInfer).
 # The branch: one-tile CTAs of sequences within 32 rows in tiles of 32 (ONE_TILE_SHORT_ROWS), and
