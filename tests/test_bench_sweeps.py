@@ -355,6 +355,33 @@ def test_decode_grid_rows_peers_and_summary(decode_on_cpu, bench_main, monkeypat
     assert "50-50 % of the bandwidth of a copy moving as many bytes" in out
 
 
+def test_decode_grid_summary_names_the_rows_a_peer_leads():
+    """The summary line: worst and median of the fastest peer's µs over pykda's, then each row
+    where a peer is ahead (by at least 0.005), worst first, with that peer."""
+    from pykda.bench import decode
+
+    def row(batch, hq, hkv, kv_len, d, us, peers):
+        return dict(batch=batch, hq=hq, hkv=hkv, kv_len=kv_len, D=d, us=us,
+                    peers={n: dict(us=p, err=0.0) for n, p in peers.items()})
+    rows = [row(1, 32, 8, 17, 64, 6.2, {"fi": 5.3, "cudnn": 5.8}), row(1, 32, 32, 8192, 128, 39.0, {"cudnn": 42.0}),
+            row(256, 64, 8, 513, 128, 101.0, {"fi-tc": 99.0, "fi": 194.6}), row(1, 8, 1, 1, 64, 6.0, {"fi": 5.99})]
+    line = decode.grid_summary(rows)
+    assert line.startswith("grid: 4 shapes; best peer µs / pykda µs: worst 0.85 (32/8 S=17 D=64), median 0.99 over 4")
+    assert line.endswith("; a peer ahead on 2: 32/8 S=17 D=64 0.85 (fi), 64/8 S=513 B=256 D=128 0.98 (fi-tc)")
+
+
+def test_paged_grid_summary_names_the_rows_flashinfer_leads():
+    """A line per page size; each names the rows where FlashInfer's faster path leads, with it."""
+    from pykda.bench import paged_decode
+
+    def row(batch, kv_len, us16, us1, fi16, fitc16, fi1):
+        return {"batch": batch, "hq": 32, "hkv": 8, "kv_len": kv_len, "D": 128, "padded": 10.0, "paged_16": us16,
+                "paged_1": us1, "fi_16": fi16, "fi-tc_16": fitc16, "fi_1": fi1, "fi-tc_1": None}
+    lines = paged_decode.grid_summary([row(4, 65536, 10.0, 10.0, 9.0, 9.8, 11.0), row(8, 32768, 10.0, 12.0, 20.0, None, 13.0)])
+    assert lines[0].endswith("median 1.45 over 2 shapes; a peer ahead on 1: 4x32/8:65536 D=128 0.90 (fi)")
+    assert lines[1].endswith("median 1.09 over 2 shapes") and "ahead" not in lines[1]
+
+
 @needs_torch
 def test_max_seconds_stops_taking_shapes_and_still_writes_what_ran(decode_on_cpu, bench_main, monkeypatch, capsys):
     """--max-seconds: once spent (a clock that moves 10 s a shape here), the bench takes no more

@@ -19,7 +19,7 @@ from .. import reference
 from ..ops.decode import flash_decode
 from ..ops.paged_decode import PAGE_SIZES, BatchDecodeWithPagedKVCache
 from . import timing
-from .decode import BATCH_SHAPES, D, GRID, QUICK_BATCH, float64_outputs, parse_shapes, uneven_lengths
+from .decode import BATCH_SHAPES, D, GRID, QUICK_BATCH, float64_outputs, parse_shapes, peers_ahead, uneven_lengths
 from ..progress import progress
 
 
@@ -223,21 +223,23 @@ def _print_grid(rows):
 
 
 def grid_summary(rows) -> list:
-    """A line per page size: the faster FlashInfer path's µs over pykda's (worst, median) and
-    pykda's paged time over its padded time (least, most)."""
+    """A line per page size: the faster FlashInfer path's µs over pykda's (worst, median, and the
+    rows where it leads) and pykda's paged time over its padded time (least, most)."""
     import statistics
     lines = []
     for page in GRID_PAGES:
         ratios = []
         for r in rows:
-            best = min((r[f"{n}_{page}"] for n in ("fi", "fi-tc") if r[f"{n}_{page}"]), default=None)
+            best = min(((r[f"{n}_{page}"], n) for n in ("fi", "fi-tc") if r[f"{n}_{page}"]), default=None)
             if best:
-                ratios.append((best / r[f"paged_{page}"], f"{r['batch']}x{r['hq']}/{r['hkv']}:{r['kv_len']} D={r['D']}"))
+                ratios.append((best[0] / r[f"paged_{page}"], f"{r['batch']}x{r['hq']}/{r['hkv']}:{r['kv_len']} D={r['D']}",
+                               best[1]))
         vs_padded = [r[f"paged_{page}"] / r["padded"] for r in rows]
         line = f"paged grid, pages of {page}: {len(rows)} shapes; paged / padded µs {min(vs_padded):.2f}-{max(vs_padded):.2f}"
         if ratios:
-            worst = min(ratios)
-            line += (f"; FlashInfer µs / pykda µs: worst {worst[0]:.2f} ({worst[1]}), "
-                     f"median {statistics.median(x for x, _ in ratios):.2f} over {len(ratios)} shapes")
+            ratios.sort()
+            line += (f"; FlashInfer µs / pykda µs: worst {ratios[0][0]:.2f} ({ratios[0][1]}), "
+                     f"median {statistics.median(x for x, _, _ in ratios):.2f} over {len(ratios)} shapes"
+                     + peers_ahead(ratios))
         lines.append(line)
     return lines
