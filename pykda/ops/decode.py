@@ -87,7 +87,8 @@ class DecodePlan:
     warps: int = WARPS    # decode_partial's consumer warps
     cluster: int = 0      # a split merged inside thread block clusters of this many CTAs (0: by decode_merge)
     balanced: int = 0     # CTAs of the balanced split (0: chunks of `chunk` rows per sequence)
-    box_rows: int = 0     # padded caches: rows per TMA box of a chunk's last, partial tile, boxes past a length unread (0: a box a tile)
+    box_rows: int = 0     # padded caches: rows per TMA box of a chunk's last, partial tile, boxes past a
+                          # length unread (0: a box a tile)
 
     @property
     def split(self) -> bool:
