@@ -26,7 +26,7 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
     from .ops.decode import CLUSTERS, DTYPES, HEAD_DIMS, PADDED_BOX_ROWS, DecodeProblem, decode_spec, plan_decode
     from .ops.paged_decode import PAGE_SIZES
 
-    def spec(p, plan, page):   # and, for padded caches, the kernel in boxes
+    def spec(p, plan, page):   # and, for padded caches, the kernel with its tails in boxes
         yield decode_spec(p, plan, arch, page)
         if not page and plan.block_n > PADDED_BOX_ROWS:
             yield decode_spec(p, dataclasses.replace(plan, box_rows=PADDED_BOX_ROWS), arch, page)

@@ -420,13 +420,14 @@ def validate_decode(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceA
 
 
 # decode_partial's parameters, in order, as `runtime.signature` gives them: q and its (batch, head)
-# strides, the K and V tensor maps (whole tiles, then a segment's partial last tile: `tail_maps`), kv_lens, kv_len, group, heads per CTA, head blocks, scale, the
-# split workspace (partial o, partial lse), out and its strides, lse; then a paged cache's page
-# table (kv_indptr, kv_indices), K and V, and the pages' count and (page, row, head) strides; last,
-# the plan's chunk (KV rows per CTA), the KV heads and the batch
-KERNEL_SIGNATURE = (int, np.int64, np.int64, 128, 128, 128, 128, int, np.int32, np.int32, np.int32, np.int32, np.float32,
-                    int, int, int, np.int64, np.int64, int, int, int, int, int, np.int32, np.int64, np.int64,
-                    np.int64, np.int32, np.int32, np.int32)
+# strides, the K and V tensor maps (whole tiles, then a segment's partial last tile: `tail_maps`),
+# kv_lens, kv_len, group, heads per CTA, head blocks, scale, the split workspace (partial o,
+# partial lse), out and its strides, lse; then a paged cache's page table (kv_indptr,
+# kv_indices), K and V, and the pages' count and (page, row, head) strides; last, the plan's chunk
+# (KV rows per CTA), the KV heads and the batch
+KERNEL_SIGNATURE = (int, np.int64, np.int64, 128, 128, 128, 128, int, np.int32, np.int32, np.int32, np.int32,
+                    np.float32, int, int, int, np.int64, np.int64, int, int, int, int, int, np.int32, np.int64,
+                    np.int64, np.int64, np.int32, np.int32, np.int32)
 # decode_merge's: the workspace (partial o, partial lse), kv_lens, kv_len, query heads, the
 # partial grid's x (chunks, or the balanced split's CTAs), the chunk, out and its strides, lse,
 # warps per row, rows (B · query heads; balanced: CTAs · group), KV heads, batch
@@ -434,8 +435,8 @@ MERGE_SIGNATURE = (int, int, int, np.int32, np.int32, np.int32, np.int32, int, n
                    np.int64, np.int32, np.int32)
 # what a call gives its launches anew (runtime.CallValues), in this order (the kernels' names); all
 # else is the prepared call's
-CALL_VALUES = ("q", "k_map", "v_map", "k_tail_map", "v_tail_map", "kv_lens", "ws_o", "ws_lse", "out", "lse", "kv_indptr", "kv_indices",
-               "k_cache", "v_cache")
+CALL_VALUES = ("q", "k_map", "v_map", "k_tail_map", "v_tail_map", "kv_lens", "ws_o", "ws_lse", "out", "lse",
+               "kv_indptr", "kv_indices", "k_cache", "v_cache")
 CALL_SIGNATURE = (int, 128, 128, 128, 128) + (int,) * 9
 PER_CALL = {name: runtime.PerCall(i) for i, name in enumerate(CALL_VALUES)}
 
@@ -564,11 +565,14 @@ def prepare_decode(q, k, v, out, kv_lens, batched, kv_layout, scale, chunk_size,
     runtime.require_gpu()
     uneven = kv_lens is not None and p.batch > 1
     plan, spec = plan_for(p, q.device, chunk_size, stages, uneven=uneven, balanced=balanced)
-    box_heights = (plan.block_n, plan.box_rows) if plan.box_rows else (plan.block_n,)   # whole tiles, then tails
-    maps = [kv_tensor_maps(a, name, batched, kv_layout, rows) for rows in box_heights for a, name in ((k, "k"), (v, "v"))]
-    for m, a in zip(maps, (k, v, k, v)):
-        m(a.ptr)   # the geometries checked (TensorMapError names k or v) before any launch
-    return decode_call(p, plan, spec, q, out, batched, *maps[:2], scale, p.kv_len, tail_maps=maps[2:] or None)
+
+    def kv_maps(box_rows: int) -> tuple:   # the maps of K and V in boxes of box_rows rows
+        maps = tuple(kv_tensor_maps(a, name, batched, kv_layout, box_rows) for a, name in ((k, "k"), (v, "v")))
+        maps[0](k.ptr), maps[1](v.ptr)   # the geometries checked (TensorMapError names k or v) before any launch
+        return maps
+    whole = kv_maps(plan.block_n)
+    return decode_call(p, plan, spec, q, out, batched, *whole, scale, p.kv_len,
+                       tail_maps=kv_maps(plan.box_rows) if plan.box_rows else None)
 
 
 ARGUMENTS = ("q", "k", "v", "out", "kv_lens")
@@ -642,7 +646,7 @@ def launch(call: DecodeCall, arrays: CallArrays, stream, out, return_lse: bool, 
     if call.workspace_bytes:   # `scratch` owns the memory until the launches are enqueued
         scratch, ws_o = runtime.workspace(arrays.objs[0], strm, call.workspace_bytes)
         ws_lse = ws_o + call.lse_offset
-    call.values.launch((q_p, call.k_maps(k_p), call.v_maps(v_p), call.k_tail_maps(k_p), call.v_tail_maps(v_p), kv_lens, ws_o, ws_lse, o_p, lse_p,
-                        *page_table, k_p, v_p), call.launches, strm)   # CALL_VALUES
+    call.values.launch((q_p, call.k_maps(k_p), call.v_maps(v_p), call.k_tail_maps(k_p), call.v_tail_maps(v_p),
+                        kv_lens, ws_o, ws_lse, o_p, lse_p, *page_table, k_p, v_p), call.launches, strm)   # CALL_VALUES
     out = arrays.result(out)
     return (out, arrays.result(lse)) if return_lse else out
