@@ -16,14 +16,16 @@ H200_SMS, H200_SMEM_PER_SM = 132, 233472
 
 
 def decode_specs(arch: str) -> Iterator[KernelSpec]:
-    """Every kernel the decode planner can pick at its default stages: the chunk is a kernel
-    argument, so a kernel is a head dim, a dtype, split or not (merged by decode_merge or in a
-    cluster of 2, 4 or 8 CTAs, or the balanced split), a cache (padded, or paged with each page size of
-    pykda.BatchDecodeWithPagedKVCache, gathered below 16 rows), and CTAs of at most 8 query heads
-    (transposed products: 32/8 heads) or more (64/4). Padded caches also take each chunked kernel
+    """Every kernel the decode planner can pick at its default stages (head dim 128: 4 for calls of at
+    most an SM's units, 3 for more): the chunk is a kernel argument, so a kernel is a head dim, a
+    dtype, split or not (merged by decode_merge or in a cluster of 2, 4 or 8 CTAs, or the balanced
+    split), a cache (padded, or paged with each page size of pykda.BatchDecodeWithPagedKVCache,
+    gathered below 16 rows), and CTAs of at most 8 query heads (transposed products: 32/8 heads) or
+    more (64/4). Padded caches also take each chunked kernel
     with its chunks' last tiles in boxes of PADDED_BOX_ROWS rows (a batch with lengths on the
     device, which any of them may run)."""
-    from .ops.decode import CLUSTERS, DTYPES, HEAD_DIMS, PADDED_BOX_ROWS, DecodeProblem, decode_spec, plan_decode
+    from .ops.decode import (CLUSTERS, DTYPES, HEAD_DIMS, PADDED_BOX_ROWS, TILE_ROWS, DecodeProblem, decode_spec,
+                             decode_stages, is_gathered, plan_decode)
     from .ops.paged_decode import PAGE_SIZES
 
     def spec(p, plan, page):   # and, for padded caches, the kernel with its tails in boxes
@@ -31,22 +33,27 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
         if not page and plan.block_n > PADDED_BOX_ROWS:
             yield decode_spec(p, dataclasses.replace(plan, box_rows=PADDED_BOX_ROWS), arch, page)
     for page in (0,) + PAGE_SIZES:
+        gathered = is_gathered(page)
         for d, dt, (hq, hkv) in itertools.product(HEAD_DIMS, DTYPES, ((32, 8), (64, 4))):
+            # the streaming stages of calls of at most an SM's units and of more (D 128 in boxes: 4 and 3)
+            depths = dict.fromkeys(decode_stages(d, units, H200_SMS, gathered) for units in (1, H200_SMS + 1))
             for s in (1, 33, 65, 257, 131073):   # short tiles of 32 and 64 rows, one tile (D 64: 128 rows), one chunk
                                                  # of tiles; split
-                p = DecodeProblem(s, hq, hkv, d, dt)
-                plan = plan_decode(p, H200_SMS, H200_SMEM_PER_SM)
-                yield from spec(p, plan, page)
-                if plan.split:   # the split's chunks in clusters (a batch of many waves): as many as each holds
-                    batch = p._replace(batch=64)
-                    for c in CLUSTERS:
-                        rows = -(-s // (c * plan.block_n)) * plan.block_n   # ceil(s / c) in whole tiles
-                        split = plan_decode(batch, H200_SMS, H200_SMEM_PER_SM, chunk_size=rows)
-                        assert split.cluster == c, (split, c)
-                        yield from spec(batch, split, page)
-                # the balanced split
-                yield decode_spec(p, plan_decode(p._replace(batch=64), H200_SMS, H200_SMEM_PER_SM, balanced=True),
-                                  arch, page)
+                # one sequence; a batch of more units than SMs (split at 131073 rows, 32/8 and 64/4 heads)
+                one, many = (DecodeProblem(s, hq, hkv, d, dt, batch) for batch in (1, 40))
+                for p in (one, many):
+                    yield from spec(p, plan_decode(p, H200_SMS, H200_SMEM_PER_SM, gathered=gathered), page)
+                split_one = plan_decode(one, H200_SMS, H200_SMEM_PER_SM, gathered=gathered).split
+                for stages in depths:
+                    if split_one:   # the split's chunks in clusters (a batch of many waves): as many as each holds
+                        for c in CLUSTERS:
+                            rows = -(-s // (c * TILE_ROWS[d])) * TILE_ROWS[d]   # ceil(s / c) in whole tiles
+                            split = plan_decode(many, H200_SMS, H200_SMEM_PER_SM, chunk_size=rows, stages=stages)
+                            assert split.cluster == c, (split, c)
+                            yield from spec(many, split, page)
+                    # the balanced split
+                    yield decode_spec(many, plan_decode(many, H200_SMS, H200_SMEM_PER_SM, balanced=True, stages=stages),
+                                      arch, page)
 
 
 def kda_decode_specs(arch: str) -> Iterator[KernelSpec]:

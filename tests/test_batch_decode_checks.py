@@ -112,8 +112,8 @@ def test_plan_counts_every_sequence_as_units():
     many = plan_decode(DecodeProblem(4096, 32, 8, 128, "bfloat16", 64), **H200)
     assert one.split and not many.split   # 64 x 8 units fill the GPU without splitting
     p = DecodeProblem(32768, 32, 8, 128, "bfloat16", 8)
-    plan = plan_decode(p, **H200)
-    assert plan.n_chunks * p.batch * p.kv_heads * plan.head_blocks >= 132
+    plan = plan_decode(p, **H200)   # (4 stages, one CTA an SM: 2 chunks x 64 units)
+    assert plan.n_chunks * p.batch * p.kv_heads * plan.head_blocks >= 0.95 * 132
 
 
 # ---- the launch sequence, offline ----
@@ -219,9 +219,10 @@ def test_split_of_few_chunks_in_many_waves_merges_in_a_cluster(offline, chunk_si
 
 def test_clusters_only_beyond_one_round_or_for_one_tile_chunks():
     """Within one round of the GPU a cluster's CTAs crowd few SMs (cluster_pays): 3 sequences of 8
-    chunks of two tiles keep decode_merge, 64 of them or chunks of one tile merge in clusters."""
+    chunks of two tiles keep decode_merge, 64 of them or chunks of one tile merge in clusters (at 3
+    stages: 264 slots)."""
     for B, S, chunk, cluster in ((3, 1000, 128, 0), (64, 1000, 128, 8), (3, 500, 64, 8), (1, 200, 64, 4)):
-        plan = plan_decode(DecodeProblem(S, 32, 8, 128, "bfloat16", B), **H200, chunk_size=chunk)
+        plan = plan_decode(DecodeProblem(S, 32, 8, 128, "bfloat16", B), **H200, chunk_size=chunk, stages=3)
         assert plan.cluster == cluster, (B, chunk, plan)
     one_tile = plan_decode(DecodeProblem(1000, 32, 4, 64, "bfloat16"), **H200)   # 8 chunks of one 128-row tile
     assert (one_tile.n_chunks, one_tile.chunk, one_tile.cluster) == (8, 128, 8)
@@ -240,10 +241,10 @@ def test_the_chunk_is_the_last_argument(offline, chunk_size):
     q, k, v = arr((B, hq, d)), arr((B, S, hkv, d)), arr((B, S, hkv, d))
     decode.flash_decode(q, k, v, batched=True, chunk_size=chunk_size)
     rows = chunk_size or plan_decode(DecodeProblem(S, hq, hkv, d, "bfloat16", B), **H200).chunk
-    # the planner's 1536 rows (24 tiles): 33 chunks, the last of 848 rows; 192: 261, the last of 80;
+    # the planner's 3136 rows (49 tiles): 16 chunks, the last of 2960 rows; 192: 261, the last of 80;
     # 1664: 31, the last of 80
     n_chunks = -(-S // rows)
-    assert (rows, n_chunks) == {None: (1536, 33), 192: (192, 261), 1664: (1664, 31)}[chunk_size]
+    assert (rows, n_chunks) == {None: (3136, 16), 192: (192, 261), 1664: (1664, 31)}[chunk_size]
     (_, grid, _, _, args, spec), (merge, *_, merge_args, _) = offline["launches"]
     assert grid == (n_chunks, hkv, B) and args[-3] == rows and type(args[-3]) is np.int32
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", spec.param_dict)
@@ -308,25 +309,33 @@ def test_decode_family_registers_every_kernel_the_planner_picks():
     4 or 8; head dim 64's short tile unsplit; the transposed one-tile kernels (one stage, two warps;
     tiles of 32 rows, and head dim 64 in both its tiles); the balanced split's (head dim 64 in both tiles); and for
     padded caches each of those but the balanced ones again in boxes of PADDED_BOX_ROWS rows
-    (chunks of one tile over lengths on the device): the registry holds all 720, which cover the
-    planner's pick for any problem and chunk, lengths on the device or not."""
+    (chunks of one tile over lengths on the device); head dim 128's streaming kernels at 3 stages and,
+    in TMA boxes, at 4 (calls of at most an SM's units): the registry holds all 860, which cover the
+    planner's pick for any problem, chunk and cache, lengths on the device or not."""
     from pykda import registry
     from pykda.ops.paged_decode import PAGE_SIZES
     specs = registry.specs("decode", "sm_90a")
     kinds = 2 + len(decode.CLUSTERS)   # unsplit, merged by decode_merge, merged in each cluster size
     # transposed, one stage: tiles of 32 rows (ONE_TILE_SHORT_ROWS) and the short tile; head dim 64's of 128 rows too
     one_tile = 2 * len(decode.HEAD_DIMS) + 1
-    balanced = len(decode.HEAD_DIMS) + 1
-    per_cache = 2 * (len(decode.HEAD_DIMS) * kinds + balanced) + 1 + one_tile   # (+1: head dim 64's short tile, not transposed)
-    caches = len(decode.DTYPES) * (1 + len(PAGE_SIZES))
-    boxed = len(decode.DTYPES) * (per_cache - 2 * balanced)   # padded caches' kernels in boxes (none balanced)
-    assert len(specs) == len(set(specs)) == caches * per_cache + boxed == 720
+    counts = {}   # gathered pages or not: (kernels a cache, transposed ones, balanced ones a CTA kind)
+    for gathered in (False, True):   # the streaming depths over the head dims: 4 in TMA boxes (D 128 at 3 and 4), 3
+        depths = sum(len({decode.decode_stages(d, u, 132, gathered) for u in (1, 133)}) for d in decode.HEAD_DIMS)
+        balanced, transposed = depths + 1, depths * kinds + one_tile
+        # (+1: head dim 64's short tile, not transposed)
+        counts[gathered] = (2 * (depths * kinds + balanced) + 1 + one_tile, transposed + balanced, balanced)
+    caches = {gathered: len(decode.DTYPES) * sum(decode.is_gathered(page) == gathered for page in (0,) + PAGE_SIZES)
+              for gathered in (False, True)}
+    padded, _, balanced = counts[False]
+    boxed = len(decode.DTYPES) * (padded - 2 * balanced)   # padded caches' kernels in boxes (none balanced)
+    assert len(specs) == len(set(specs)) == sum(caches[g] * counts[g][0] for g in caches) + boxed == 860
     assert sum(s.param_dict.get("PADDED_BOX_ROWS", 0) == decode.PADDED_BOX_ROWS and not s.param_dict["PAGE"]
                and not s.param_dict["BALANCED"] for s in specs) == boxed
-    transposed = len(decode.HEAD_DIMS) * kinds + one_tile
-    assert sum(s.param_dict["TRANSPOSED"] for s in specs) == caches * (transposed + balanced) + len(decode.DTYPES) * transposed
+    boxed_transposed = counts[False][1] - balanced
+    assert (sum(s.param_dict["TRANSPOSED"] for s in specs)
+            == sum(caches[g] * counts[g][1] for g in caches) + len(decode.DTYPES) * boxed_transposed)
     one_stage = [s.param_dict for s in specs if s.param_dict["STAGES"] == 1]
-    assert (len(one_stage) == (caches + len(decode.DTYPES)) * one_tile
+    assert (len(one_stage) == (sum(caches.values()) + len(decode.DTYPES)) * one_tile
             and all(d["TRANSPOSED"] and d["WARPS"] == 2 for d in one_stage))
     specs = set(specs)
     rng = np.random.default_rng(5)
@@ -335,11 +344,12 @@ def test_decode_family_registers_every_kernel_the_planner_picks():
         hkv, group, batch = (int(rng.choice(c)) for c in ((1, 2, 8, 32), (1, 4, 8, 32), (1, 3, 8, 64, 256)))
         p = DecodeProblem(int(rng.integers(1, 300000 if rng.random() < 0.8 else 70)), hkv * group, hkv, d, dt, batch)
         chunk = None if rng.random() < 0.5 else int(rng.integers(1, 64)) * decode.TILE_ROWS[d]
-        plan = plan_decode(p, **H200, chunk_size=chunk, uneven=bool(rng.random() < 0.5))
+        uneven = bool(rng.random() < 0.5)
         for page in (0,) + PAGE_SIZES:
+            plan = plan_decode(p, **H200, chunk_size=chunk, uneven=uneven, gathered=decode.is_gathered(page))
             assert decode.decode_spec(p, plan, "sm_90a", page) in specs, (p, chunk, page)
-        for page in (0,) + PAGE_SIZES:
-            assert decode.decode_spec(p, plan_decode(p, **H200, balanced=True), "sm_90a", page) in specs, (p, page)
+            plan = plan_decode(p, **H200, balanced=True, gathered=decode.is_gathered(page))
+            assert decode.decode_spec(p, plan, "sm_90a", page) in specs, (p, page)
 
 
 def test_the_planners_register_figures_give_each_streaming_kernel_its_true_ctas_per_sm():
@@ -393,8 +403,9 @@ def test_a_bad_setting_equal_to_a_prepared_good_one_still_raises(offline, good_k
 
 # ---- the balanced split ----
 def test_balanced_split_is_one_round_of_ctas_then_a_merge(offline):
-    """balanced=True: decode_partial over one round of CTAs (132 SMs x 2 slots) along x, the head
-    blocks along z (group 32: two); its workspace holds (CTAs + units) x group partial rows, their
+    """balanced=True: decode_partial over one round of CTAs (132 SMs x 1 slot: 4 stages for these 20
+    units of head dim 128) along x, the head blocks along z (group 32: two); its workspace holds
+    (CTAs + units) x group partial rows, their
     LSE, then each unit's (first CTA, pieces) and each CTA's split unit; decode_merge takes a row
     per (CTA, head of a group) and gets the CTAs, the KV heads and the batch."""
     B, S, hq, hkv, d = 5, 3000, 64, 2, 128
@@ -403,16 +414,16 @@ def test_balanced_split_is_one_round_of_ctas_then_a_merge(offline):
     decode.flash_decode(q, k, v, batched=True, kv_lens=lens, return_lse=True, balanced=True)
     p = DecodeProblem(S, hq, hkv, d, "bfloat16", B)
     plan = plan_decode(p, **H200, uneven=True, balanced=True)
-    assert plan.balanced == 264 and plan.split and plan.merge_launch and plan.head_blocks == 2
+    assert plan.balanced == 132 and plan.split and plan.merge_launch and plan.head_blocks == 2
     (name, grid, block, smem, args, spec), (merge, merge_grid, _, _, merge_args, _) = offline["launches"]
     assert (name, merge) == ("decode_partial", "decode_merge") and spec.param_dict["BALANCED"] == decode.BALANCED_MAX_BATCH
-    assert grid == (264, 1, 2) and block == (160, 1, 1) and smem == plan.smem
+    assert grid == (132, 1, 2) and block == (160, 1, 1) and smem == plan.smem
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", spec.param_dict)
     assert tuple(args[-2:]) == (hkv, B) and args[7] == lens.ptr
-    rows = (264 + B * hkv) * (hq // hkv)
+    rows = (132 + B * hkv) * (hq // hkv)
     ((_, _, nbytes),) = offline["workspaces"]
-    assert args[14] - args[13] == rows * d * 4 and nbytes == rows * (d * 4 + 4) + 8 * B * hkv + 4 * 264
-    assert merge_args[5] == 264 and tuple(merge_args[-3:]) == (264 * (hq // hkv), hkv, B)
+    assert args[14] - args[13] == rows * d * 4 and nbytes == rows * (d * 4 + 4) + 8 * B * hkv + 4 * 132
+    assert merge_args[5] == 132 and tuple(merge_args[-3:]) == (132 * (hq // hkv), hkv, B)
 
 
 def test_balanced_split_refusals(offline):

@@ -256,7 +256,7 @@ def test_run_is_a_partial_launch_then_a_merge_with_the_page_table(offline, page_
     (name, grid, block, smem, args, spec), (merge, merge_grid, merge_block, merge_smem, merge_args, merge_spec) = \
         offline["launches"]
     p = decode.DecodeProblem(1000, hq, hkv, d, "bfloat16", B)
-    plan = decode.plan_decode(p, **H200, chunk_size=64)
+    plan = decode.plan_decode(p, **H200, chunk_size=64, gathered=decode.is_gathered(page_size))
     assert spec == decode.decode_spec(p, plan, "sm_90a", page_size) and smem == plan.smem
     assert spec.param_dict["PAGE"] == page_size and spec.param_dict["GATHER"] == (page_size < 16)
     # ceil(1000 / 64) = 16 chunks (the longest request's), the last of 40 rows
@@ -304,7 +304,8 @@ def test_paged_variants_are_registered():
     for page in paged_decode.PAGE_SIZES:
         for d in decode.HEAD_DIMS:
             p = decode.DecodeProblem(1000, 32, 8, d, "float16", 8)
-            assert decode.decode_spec(p, decode.plan_decode(p, **H200), "sm_90a", page) in specs
+            plan = decode.plan_decode(p, **H200, gathered=decode.is_gathered(page))
+            assert decode.decode_spec(p, plan, "sm_90a", page) in specs
 
 
 def test_block_tables_plan_reads_pages_in_place(offline):

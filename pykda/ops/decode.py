@@ -43,6 +43,15 @@ DEFAULT_STAGES = {64: 3, 128: 3, 256: 3}   # D 64 at 3 (two CTAs an SM) rather t
                                           # 256 x 32/8 KV 2048~ pages of 16 163.0 -> 135.6, of 1 192.7 -> 143.3,
                                           # padded 145.5 -> 139.9; 16/16 KV 8192 18.0 -> 15.0; at most 3 % lost
                                           # (16 x 32/4 KV 16384~ 39.7 -> 40.8)
+# Head dim 128 calls of at most one unit (sequence, KV head, head block) an SM: 4 stages, one CTA an SM,
+# not 3 and two: each CTA streams a long chunk, and fewer streams reach more of the DRAM's rate. H100,
+# µs, 3 -> 4 stages (cuDNN in the same run): 32/8 KV 131072 181.7 -> 178.9 (180.7), 64/4 KV 500000 336.2
+# -> 331.5 (334.0), 128/8 KV 65536 98.1 -> 96.0 (96.8), 64/8 KV 50000 77.0 -> 75.0, 32/32 KV 8192 53.5 ->
+# 52.2 (53.2), 8 x 32/8 KV 32768 351.1 -> 345.9 (346.9). More units lose: 256 x 64/8 KV 513~ 93.1 ->
+# 99.1, 256 x 8/1 KV 4096~ 102.3 -> 105.8, 16 x 32/32 KV 8191~ 413.0 -> 419.8. Pages gathered row by row
+# keep two CTAs an SM (their loads are the producer warp's cp.async): pages of 1, H100, a few units'
+# paged / padded µs went from 1.00 to 1.06 at 4 stages (2 x 64/4 KV 500000: 692.4 / 655.1).
+FEW_UNITS_STAGES = {128: 4}
 TMA_MIN_PAGE = 16     # pages of fewer rows are gathered with cp.async rather than TMA boxes
 # Padded caches with lengths on the device: rows per TMA box of a chunk's last, partial tile, so
 # that a CTA reads no box wholly past its sequence's length (a 64-row tile of a sequence of 20 rows:
@@ -113,6 +122,11 @@ class DecodePlan:
         return self.grid_chunks, p.kv_heads, p.batch * self.head_blocks
 
 
+def is_gathered(page_size: int) -> bool:
+    """Whether pages of `page_size` rows (0: a padded cache) are gathered row by row with cp.async."""
+    return 0 < page_size < TMA_MIN_PAGE
+
+
 def tile_rows(head_dim: int, kv_len: int) -> int:
     """KV rows per pipeline tile: the head dim's, or SHORT_TILE_ROWS where the sequence fits in that."""
     return SHORT_TILE_ROWS if kv_len <= SHORT_TILE_ROWS else TILE_ROWS[head_dim]
@@ -120,6 +134,15 @@ def tile_rows(head_dim: int, kv_len: int) -> int:
 
 def stage_bytes(head_dim: int, block_n: int) -> int:
     return 2 * block_n * head_dim * 2
+
+
+def decode_stages(head_dim: int, units: int, sm_count: int, gathered: bool = False) -> int:
+    """The pipeline depth of a call of `units` (sequence, KV head, head block) that streams many
+    tiles: FEW_UNITS_STAGES' where it names the head dim, the units fit one an SM and the rows
+    come in TMA boxes (not `gathered` pages), else DEFAULT_STAGES'."""
+    if units <= sm_count and head_dim in FEW_UNITS_STAGES and not gathered:
+        return FEW_UNITS_STAGES[head_dim]
+    return DEFAULT_STAGES[head_dim]
 
 
 def smem_bytes(head_dim: int, block_n: int, stages: int) -> int:
@@ -257,7 +280,8 @@ def chunk_tile_counts(kv_len: int, block_n: int) -> Iterator[int]:
 
 @functools.lru_cache(maxsize=1024, typed=True)   # (a bad 128.0 must not find the plan of 128)
 def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: int | None = None,
-                stages: int | None = None, uneven: bool = False, balanced: bool | None = False) -> DecodePlan:
+                stages: int | None = None, uneven: bool = False, balanced: bool | None = False,
+                gathered: bool = False) -> DecodePlan:
     """Choose the chunk size so that every SM has work and the last wave is full.
 
     Candidate chunks are any whole number of tiles, from one tile to the first count that makes
@@ -276,16 +300,17 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
     of CTAs (the GPU's slots) shares every sequence's and KV head's tiles evenly, the lengths read
     on the device; a CTA's share may cross sequences and heads, and decode_merge merges the units
     it splits. None: where `balanced_pays`, for uneven lengths and no chunk size given.
+    `gathered`: pages gathered row by row, whose stages `decode_stages` chooses apart.
     """
     block_n = tile_rows(p.head_dim, p.kv_len)
     heads_per_cta = min(p.group, MAX_HEADS_PER_CTA)
     one_tile = one_tile_ctas(p.kv_len, block_n, heads_per_cta, balanced)
-    stages = stages or (1 if one_tile else DEFAULT_STAGES[p.head_dim])
+    head_blocks = p.head_blocks
+    units = p.batch * p.kv_heads * head_blocks
+    stages = stages or (1 if one_tile else decode_stages(p.head_dim, units, sm_count, gathered))
     if one_tile and stages == 1 and p.kv_len <= ONE_TILE_SHORT_ROWS:
         block_n = ONE_TILE_SHORT_ROWS
     warps = ONE_TILE_WARPS if one_tile and stages == 1 else WARPS
-    head_blocks = p.head_blocks
-    units = p.batch * p.kv_heads * head_blocks
     slots = sm_count * ctas_per_sm(p.head_dim, block_n, stages, smem_per_sm, heads_per_cta, warps)
     n_tiles = -(-p.kv_len // block_n)
     if chunk_size is not None:
@@ -330,7 +355,7 @@ def decode_spec(p: DecodeProblem, plan: DecodePlan, arch: str, page_size: int = 
     return runtime.KernelSpec.make("decode", {
         "D": p.head_dim, "DTYPE": CTYPES[p.dtype], "BLOCK_N": plan.block_n, "STAGES": plan.stages,
         "WARPS": plan.warps, "TRANSPOSED": transposed(plan.heads_per_cta), "SPLIT": plan.split, "PAGE": page_size,
-        "GATHER": 0 < page_size < TMA_MIN_PAGE, "CLUSTER": plan.cluster,
+        "GATHER": is_gathered(page_size), "CLUSTER": plan.cluster,
         **({"PADDED_BOX_ROWS": plan.box_rows} if plan.box_rows and not page_size else {}),
         **({"BALANCED": BALANCED_MAX_BATCH, "UNIT_COST": BALANCED_UNIT_COST} if plan.balanced else {"BALANCED": 0}),
         "MERGE_THREADS": MERGE_THREADS,
@@ -447,7 +472,7 @@ def plan_for(p: DecodeProblem, device: int, chunk_size: int | None, stages: int 
     known here; `balanced`: the balanced split, None the planner's choice) and the spec of its
     kernel (paged with `page_size` > 0)."""
     dev = runtime.device_info(device)
-    plan = plan_decode(p, dev.sm_count, dev.smem_per_sm, chunk_size, stages, uneven, balanced)
+    plan = plan_decode(p, dev.sm_count, dev.smem_per_sm, chunk_size, stages, uneven, balanced, is_gathered(page_size))
     if plan.smem > dev.smem_per_block_optin:
         raise ValueError(f"stages={plan.stages} needs {plan.smem} bytes of shared memory per block; "
                          f"the device allows {dev.smem_per_block_optin}")

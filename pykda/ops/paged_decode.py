@@ -154,7 +154,7 @@ def prepare_paged(q, k, v, out, layout: PagedLayout) -> decode.DecodeCall:
     plan, spec = decode.plan_for(p, q.device, layout.chunk_size, layout.stages, layout.page_size, uneven=p.batch > 1,
                                  balanced=None)
     (num_pages, _, _, _), (page_stride, row_stride, head_stride, _) = decode.kv_view(k, True, layout.kv_layout)
-    if layout.page_size < decode.TMA_MIN_PAGE:
+    if decode.is_gathered(layout.page_size):
         k_maps = v_maps = _no_map
     else:   # (head_dim, kv_heads, page_size, num_pages) boxes of a page's rows (at most a tile)
         box_rows = min(plan.block_n, layout.page_size)
