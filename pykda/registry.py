@@ -21,9 +21,8 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
     dtype, split or not (merged by decode_merge or in a cluster of 2, 4 or 8 CTAs, or the balanced
     split), a cache (padded, or paged with each page size of pykda.BatchDecodeWithPagedKVCache,
     gathered below 16 rows), and CTAs of at most 8 query heads (transposed products: 32/8 heads) or
-    more (64/4). Padded caches also take each chunked kernel
-    with its chunks' last tiles in boxes of PADDED_BOX_ROWS rows (a batch with lengths on the
-    device, which any of them may run)."""
+    more (64/4). Padded caches also take each chunked kernel with its chunks' last tiles in boxes
+    of PADDED_BOX_ROWS rows (a batch with lengths on the device, which any of them may run)."""
     from .ops.decode import (CLUSTERS, DTYPES, HEAD_DIMS, PADDED_BOX_ROWS, TILE_ROWS, DecodeProblem, decode_spec,
                              decode_stages, is_gathered, plan_decode)
     from .ops.paged_decode import PAGE_SIZES
@@ -41,11 +40,11 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
                                                  # of tiles; split
                 # one sequence; a batch of more units than SMs (split at 131073 rows, 32/8 and 64/4 heads)
                 one, many = (DecodeProblem(s, hq, hkv, d, dt, batch) for batch in (1, 40))
-                for p in (one, many):
-                    yield from spec(p, plan_decode(p, H200_SMS, H200_SMEM_PER_SM, gathered=gathered), page)
-                split_one = plan_decode(one, H200_SMS, H200_SMEM_PER_SM, gathered=gathered).split
+                one_plan = plan_decode(one, H200_SMS, H200_SMEM_PER_SM, gathered=gathered)
+                yield from spec(one, one_plan, page)
+                yield from spec(many, plan_decode(many, H200_SMS, H200_SMEM_PER_SM, gathered=gathered), page)
                 for stages in depths:
-                    if split_one:   # the split's chunks in clusters (a batch of many waves): as many as each holds
+                    if one_plan.split:   # the split's chunks in clusters (a batch of many waves): as many as each holds
                         for c in CLUSTERS:
                             rows = -(-s // (c * TILE_ROWS[d])) * TILE_ROWS[d]   # ceil(s / c) in whole tiles
                             split = plan_decode(many, H200_SMS, H200_SMEM_PER_SM, chunk_size=rows, stages=stages)

@@ -318,12 +318,12 @@ def test_decode_family_registers_every_kernel_the_planner_picks():
     kinds = 2 + len(decode.CLUSTERS)   # unsplit, merged by decode_merge, merged in each cluster size
     # transposed, one stage: tiles of 32 rows (ONE_TILE_SHORT_ROWS) and the short tile; head dim 64's of 128 rows too
     one_tile = 2 * len(decode.HEAD_DIMS) + 1
-    counts = {}   # gathered pages or not: (kernels a cache, transposed ones, balanced ones a CTA kind)
+    counts = {}   # gathered pages or not: (kernels a cache, transposed unbalanced ones, balanced ones a CTA kind)
     for gathered in (False, True):   # the streaming depths over the head dims: 4 in TMA boxes (D 128 at 3 and 4), 3
         depths = sum(len({decode.decode_stages(d, u, 132, gathered) for u in (1, 133)}) for d in decode.HEAD_DIMS)
         balanced, transposed = depths + 1, depths * kinds + one_tile
         # (+1: head dim 64's short tile, not transposed)
-        counts[gathered] = (2 * (depths * kinds + balanced) + 1 + one_tile, transposed + balanced, balanced)
+        counts[gathered] = (2 * (depths * kinds + balanced) + 1 + one_tile, transposed, balanced)
     caches = {gathered: len(decode.DTYPES) * sum(decode.is_gathered(page) == gathered for page in (0,) + PAGE_SIZES)
               for gathered in (False, True)}
     padded, _, balanced = counts[False]
@@ -331,9 +331,8 @@ def test_decode_family_registers_every_kernel_the_planner_picks():
     assert len(specs) == len(set(specs)) == sum(caches[g] * counts[g][0] for g in caches) + boxed == 860
     assert sum(s.param_dict.get("PADDED_BOX_ROWS", 0) == decode.PADDED_BOX_ROWS and not s.param_dict["PAGE"]
                and not s.param_dict["BALANCED"] for s in specs) == boxed
-    boxed_transposed = counts[False][1] - balanced
-    assert (sum(s.param_dict["TRANSPOSED"] for s in specs)
-            == sum(caches[g] * counts[g][1] for g in caches) + len(decode.DTYPES) * boxed_transposed)
+    assert (sum(s.param_dict["TRANSPOSED"] for s in specs)   # (the boxed ones: padded, none balanced)
+            == sum(caches[g] * (counts[g][1] + counts[g][2]) for g in caches) + len(decode.DTYPES) * counts[False][1])
     one_stage = [s.param_dict for s in specs if s.param_dict["STAGES"] == 1]
     assert (len(one_stage) == (sum(caches.values()) + len(decode.DTYPES)) * one_tile
             and all(d["TRANSPOSED"] and d["WARPS"] == 2 for d in one_stage))
