@@ -55,6 +55,27 @@ def test_specialization_compiles(spec, compiled_ahead):
                                             f"({used.registers} registers); STACK_FRAMES allows {allowed}"
 
 
+# The registered wgmma kernels that ptxas serializes (every wgmma then waits for the one before:
+# "Potential Performance Loss", C7511 and kin), by template and parameters: a template change that
+# serializes another shows here. kda_recurrence's 8-warp walk of a rank's slice and its 4-warp walk
+# with fla's state layout (segment passes of 4 warps): "insufficient register resources for the
+# wgmma pipeline" (docs/studies/kda_one_product/: branch wip/kd_folded unserializes the first).
+SERIALIZED_WGMMA = (
+    ("kda_recurrence", lambda p: not p["MAP"] and p["RANK"] and p["WARPS"] == 8),
+    ("kda_recurrence", lambda p: not p["MAP"] and not p["RANK"] and p["WARPS"] == 4 and not p["VFIRST"]),
+)
+WGMMA_SPECS = [s for s in SPECS if s.param_dict.get("WGMMA")]
+
+
+@pytest.mark.parametrize("spec", WGMMA_SPECS, ids=[f"{s.template}:{s.describe()}" for s in WGMMA_SPECS])
+def test_wgmma_kernels_are_not_serialized_by_ptxas(spec):
+    """ptxas's report of each registered wgmma kernel: no serialization note (C75xx) but where
+    SERIALIZED_WGMMA expects one."""
+    report = runtime.ptxas_report(runtime.render(spec.template, spec.param_dict), spec.arch)
+    expected = any(template == spec.template and matches(spec.param_dict) for template, matches in SERIALIZED_WGMMA)
+    assert ("Potential Performance Loss" in report) == expected, report
+
+
 def test_compile_cli_takes_every_registered_family_and_names_an_unknown_one(capsys):
     """`python -m pykda compile --family`: the choices are the registry's families (kda
     included), and an unknown one is argparse's usage error naming the option, not a traceback."""

@@ -32,16 +32,27 @@ def compile_options(arch: str) -> tuple[str, ...]:
 
 def compile_cubin(source: str, arch: str, name: str = "kernel.cu") -> bytes:
     """Compile CUDA C++ `source` for `arch` (e.g. 'sm_90a') and return the cubin."""
+    return _compile(source, arch, name, ())[0]
+
+
+def ptxas_report(source: str, arch: str, name: str = "kernel.cu") -> str:
+    """What ptxas says of `source` compiled for `arch` (`ptxas -v`: registers, spills, and its
+    performance notes, such as wgmma serialized: "C7511")."""
+    return _compile(source, arch, name, ("--ptxas-options=-v",))[1]
+
+
+def _compile(source: str, arch: str, name: str, extra: tuple[str, ...]) -> tuple[bytes, str]:
+    """(cubin, NVRTC's log) of `source` compiled for `arch` with pykda's options and `extra`."""
     nvrtc_version()   # NVRTC loaded (once, see there) before any thread compiles with it
     from cupy_backends.cuda.libs import nvrtc
     prog = nvrtc.createProgram(source, name, [], [])
     try:
         try:
-            nvrtc.compileProgram(prog, list(compile_options(arch)))
+            nvrtc.compileProgram(prog, list(compile_options(arch) + extra))
         except nvrtc.NVRTCError as exc:
             log = nvrtc.getProgramLog(prog)
             raise CompileError(f"NVRTC failed to compile {name} for {arch}: {exc}\n{log}") from None
-        return whole_elf(nvrtc.getCUBIN(prog), name)
+        return whole_elf(nvrtc.getCUBIN(prog), name), nvrtc.getProgramLog(prog)
     finally:
         nvrtc.destroyProgram(prog)
 
