@@ -59,7 +59,7 @@ def test_specialization_compiles(spec, compiled_ahead):
 # "Potential Performance Loss", C7511 and kin), by template and parameters: a template change that
 # serializes another shows here. kda_recurrence's 8-warp walk of a rank's slice and its 4-warp walk
 # with fla's state layout (segment passes of 4 warps): "insufficient register resources for the
-# wgmma pipeline" (docs/studies/kda_one_product/: branch wip/kd_folded unserializes both).
+# wgmma pipeline" (docs/studies/kda_one_product/kd_folded.patch unserializes both, and runs slower).
 SERIALIZED_WGMMA = (
     ("kda_recurrence", lambda p: not p["MAP"] and p["RANK"] and p["WARPS"] == 8),
     ("kda_recurrence", lambda p: not p["MAP"] and not p["RANK"] and p["WARPS"] == 4 and not p["VFIRST"]),
