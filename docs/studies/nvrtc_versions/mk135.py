@@ -1,0 +1,15 @@
+"""The registered kda kernels compiled by the NVRTC this process loads, stored under the cache names
+that NVRTC 13.0 gives them (a device whose NVRTC is 13.0 then loads them as its own). Session 46:
+`pip install --no-deps --target /tmp/nvrtc135 nvidia-cuda-nvrtc==13.5.37`, then
+`LD_PRELOAD=/tmp/nvrtc135/nvidia/cu13/lib/libnvrtc.so.13 PYKDA_CACHE_DIR=.kc_135 python mk135.py`."""
+from pykda import registry, runtime
+from pykda.runtime import cache, compile as comp
+print("nvrtc", comp.nvrtc_version())
+cache.nvrtc_version = lambda: (13, 0)
+n = 0
+for spec in registry.specs("kda", "sm_90a"):
+    src = runtime.render(spec.template, spec.param_dict)
+    path = cache.entry_path(src, spec.arch)
+    cache._write_entry(path, comp.compile_cubin(src, spec.arch, name=f"{spec.template}.cu"))
+    n += 1
+print(n, "entries in", cache.cache_dir())
