@@ -133,9 +133,9 @@ def offline(monkeypatch):
 _KINDS = {int: "pointer", bytes: "TensorMap", np.int64: "long long", np.int32: "int", np.float32: "float"}
 
 
-def kernel_parameters(name: str, params: dict) -> list[str]:
-    """The parameter kinds of kernel `name` in the rendered decode template."""
-    src = re.sub(r"//[^\n]*", "", runtime.render("decode", params))
+def kernel_parameters(name: str, params: dict, template: str = "decode") -> list[str]:
+    """The parameter kinds of kernel `name` in the rendered decode template (or `template`)."""
+    src = re.sub(r"//[^\n]*", "", runtime.render(template, params))
     sig = re.search(rf"\b{name}\(([^)]*)\)\s*\{{", src).group(1)
     kinds = []
     for param in sig.split(","):
@@ -198,6 +198,27 @@ def test_split_batch_is_a_partial_launch_then_a_merge(offline, layout):
     assert plan.box_rows == decode.PADDED_BOX_ROWS == params["PADDED_BOX_ROWS"]
     assert offline["maps"] == [(n, (d, hkv, S, B), (head, row, S * hkv * d * 2), (64, 1, rows, 1))
                                for rows in (plan.block_n, plan.box_rows) for n in "kv"]
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_a_short_call_of_few_ctas_is_one_decode_tiny_launch(offline, layout):
+    """Sequences within TINY_MAX_ROWS rows, groups of at most TINY_MAX_HEADS, at most an SM's units:
+    one decode_tiny launch, grid (1, KV heads, batch), its threads and the shared memory of its
+    layout, the arguments typed as the kernel's parameters (K and V by pointer with their batch,
+    row and head strides), no workspace and no tensor-map argument."""
+    B, S, hq, hkv, d = 3, 17, 24, 8, 128   # a group of 3: the kernel of 4 heads
+    q, k, v = good(B, S, hq, hkv, d, layout)
+    lens = arr((B,), "int32", ptr=BASE * 3)
+    o, lse = decode.flash_decode(q, k, v, batched=True, kv_layout=layout, kv_lens=lens, return_lse=True)
+    assert tuple(o.shape) == (B, hq, d) and tuple(lse.shape) == (B, hq)
+    ((name, grid, block, smem, args, spec),) = offline["launches"]
+    assert name == "decode_tiny" and spec.template == "decode_tiny" and spec.param_dict["HEADS"] == 4
+    assert grid == (1, hkv, B) and block == (decode.TINY_THREADS, 1, 1)
+    assert smem == decode.tiny_smem_bytes(d, decode.TINY_MAX_ROWS, 4, decode.TINY_THREADS)
+    assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_tiny", spec.param_dict, "decode_tiny")
+    row, head = (hkv * d, d) if layout == "NHD" else (d, S * d)
+    assert args[3:11] == (k.ptr, v.ptr, S * hkv * d, row, head, S * hkv * d, row, head)
+    assert args[11:14] == (lens.ptr, S, 3) and args[18] != 0 and offline["workspaces"] == []
 
 
 @pytest.mark.parametrize("chunk_size, chunks, cluster", [(128, 8, 8), (384, 3, 4), (512, 2, 2)])
@@ -314,7 +335,10 @@ def test_decode_family_registers_every_kernel_the_planner_picks():
     planner's pick for any problem, chunk and cache, lengths on the device or not."""
     from pykda import registry
     from pykda.ops.paged_decode import PAGE_SIZES
-    specs = registry.specs("decode", "sm_90a")
+    registered = registry.specs("decode", "sm_90a")
+    tiny = [s for s in registered if s.template == "decode_tiny"]
+    assert len(tiny) == len(set(tiny)) == len(decode.HEAD_DIMS) * len(decode.DTYPES) * 4   # groups 1, 2, 4, 8
+    specs = [s for s in registered if s.template == "decode"]
     kinds = 2 + len(decode.CLUSTERS)   # unsplit, merged by decode_merge, merged in each cluster size
     # transposed, one stage: tiles of 32 rows (ONE_TILE_SHORT_ROWS) and the short tile; head dim 64's of 128 rows too
     one_tile = 2 * len(decode.HEAD_DIMS) + 1
@@ -345,8 +369,9 @@ def test_decode_family_registers_every_kernel_the_planner_picks():
         chunk = None if rng.random() < 0.5 else int(rng.integers(1, 64)) * decode.TILE_ROWS[d]
         uneven = bool(rng.random() < 0.5)
         for page in (0,) + PAGE_SIZES:
-            plan = plan_decode(p, **H200, chunk_size=chunk, uneven=uneven, gathered=decode.is_gathered(page))
-            assert decode.decode_spec(p, plan, "sm_90a", page) in specs, (p, chunk, page)
+            plan = plan_decode(p, **H200, chunk_size=chunk, uneven=uneven, gathered=decode.is_gathered(page),
+                               tiny=page == 0)
+            assert decode.decode_spec(p, plan, "sm_90a", page) in set(registered), (p, chunk, page)
             plan = plan_decode(p, **H200, balanced=True, gathered=decode.is_gathered(page))
             assert decode.decode_spec(p, plan, "sm_90a", page) in specs, (p, page)
 
@@ -360,7 +385,7 @@ def test_the_planners_register_figures_give_each_streaming_kernel_its_true_ctas_
     bound. (Short caches' one-tile CTAs do not split, so their slots choose nothing.)"""
     from pykda import registry, runtime
     specs = [s for s in registry.specs("decode", "sm_90a")
-             if s.param_dict["STAGES"] > 1 and s.param_dict["BLOCK_N"] == decode.TILE_ROWS[s.param_dict["D"]]]
+             if s.template == "decode" and s.param_dict["STAGES"] > 1 and s.param_dict["BLOCK_N"] == decode.TILE_ROWS[s.param_dict["D"]]]
     assert len(specs) > 300
     guess = dict(decode._REGS_GUESS)
     try:

@@ -116,6 +116,35 @@ def test_split_sequences_merge_in_clusters(chunk_size, cluster):
     check(o, lse, ref(q, k, v, lens, scale=0.3), lens, "bfloat16")
 
 
+# decode_tiny: (batch, longest, heads, head dim, dtype, layout): one sequence of one row; groups of 1,
+# 2, 3 (the 4-head kernel), 5 and 8; the longest rows it takes; lengths with 0 and 1 among them
+TINY_CASES = [(1, 1, 32, 8, 64, "bfloat16", "NHD"), (5, 17, 24, 8, 128, "float16", "HND"),
+              (4, 32, 64, 8, 256, "bfloat16", "NHD"), (3, 15, 16, 16, 64, "float16", "HND"),
+              (2, 32, 4, 2, 128, "bfloat16", "HND"), (1, 31, 5, 1, 256, "float16", "NHD")]
+
+
+@pytest.mark.parametrize("B, S, hq, hkv, d, dtype, layout", TINY_CASES)
+def test_short_calls_run_decode_tiny_and_match_the_reference(B, S, hq, hkv, d, dtype, layout):
+    """Short sequences in few CTAs go to decode_tiny (rows past each length NaN, out poisoned); the
+    pipeline's kernel (stages=1 sets it) gives the same answer within rounding."""
+    dev = runtime.device_info(0)
+    assert decode.plan_decode(decode.DecodeProblem(S, hq, hkv, d, dtype, B), dev.sm_count, dev.smem_per_sm,
+                              uneven=True, balanced=None, tiny=True).tiny
+    lens = lengths(B, S, seed=S + 3 * B)
+    q, k, v = make(B, S, hq, hkv, d, dtype, lens, seed=S + d)
+    kv_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    kl, vl = as_layout(k, layout), as_layout(v, layout)
+    out = torch.full_like(q, float("nan"))
+    o, lse = pykda.batch_decode_with_padded_kv_cache(q, kl, vl, kv_layout=layout, kv_lens=kv_lens, out=out,
+                                                     return_lse=True, scale=0.2)
+    assert o is out
+    check(o, lse, ref(q, k, v, lens, scale=0.2), lens, dtype)
+    o2, lse2 = pykda.batch_decode_with_padded_kv_cache(q, kl, vl, kv_layout=layout, kv_lens=kv_lens, return_lse=True,
+                                                       scale=0.2, stages=1)
+    assert reference.relative_error(o2.double().cpu().numpy(), o.double().cpu().numpy()) < TOL[dtype]
+    assert torch.equal(torch.isinf(lse2), torch.isinf(lse))
+
+
 # the balanced split: (batch, longest, heads, head dim, dtype, layout): one round of CTAs sharing
 # every (sequence, KV head)'s tiles; fewer tiles than CTAs (each CTA one tile, the rest leave),
 # units of one tile among long ones, many units a CTA (short sequences), two head blocks (group 32)

@@ -61,6 +61,13 @@ TMA_MIN_PAGE = 16     # pages of fewer rows are gathered with cp.async rather th
 # cost chunks of many tiles up to 8 % (128 x 32/4 KV 1024~ D 256 74.6 -> 80.8), hence the tail maps.
 PADDED_BOX_ROWS = 16
 TRANSPOSED_MAX_HEADS = 8   # CTAs of at most this many query heads run the transposed products
+# decode_tiny (decode_tiny.cu.j2): a padded cache's sequences of at most TINY_MAX_ROWS rows, in CTAs of
+# at most TINY_MAX_HEADS query heads, where the call is at most TINY_MAX_UNITS_PER_SM units an SM (its
+# time is a CTA's fixed cost, not the stream): no pipeline, dot products on CUDA cores
+TINY_MAX_ROWS = 32
+TINY_MAX_HEADS = 8     # (so one head block: every group within MAX_HEADS_PER_CTA)
+TINY_MAX_UNITS_PER_SM = 1
+TINY_THREADS = 256
 _REGS_GUESS = {(64, False): 96, (128, False): 152, (256, False): 240,   # per thread, for the occupancy
                (64, True): 96, (128, True): 128, (256, True): 168}       # estimate, by (D, transposed)
 
@@ -98,10 +105,17 @@ class DecodePlan:
     balanced: int = 0     # CTAs of the balanced split (0: chunks of `chunk` rows per sequence)
     box_rows: int = 0     # padded caches: rows per TMA box of a chunk's last, partial tile, boxes past a
                           # length unread (0: a box a tile)
+    tiny: bool = False    # decode_tiny instead of decode_partial (block_n: its most rows; no pipeline)
 
     @property
     def split(self) -> bool:
         return self.n_chunks > 1 or self.balanced > 0
+
+    @property
+    def threads(self) -> int:
+        """Threads of a CTA of the plan's kernel: decode_tiny's warps, or decode_partial's consumer
+        warps and its producer."""
+        return 32 * (self.warps if self.tiny else self.warps + 1)
 
     @property
     def merge_launch(self) -> bool:
@@ -147,6 +161,27 @@ def decode_stages(head_dim: int, units: int, sm_count: int, gathered: bool = Fal
 
 def smem_bytes(head_dim: int, block_n: int, stages: int) -> int:
     return stages * stage_bytes(head_dim, block_n) + 1024   # + alignment slack for 1024-byte TMA tiles
+
+
+def tiny_smem_bytes(head_dim: int, rows: int, heads: int, threads: int) -> int:
+    """decode_tiny's dynamic shared memory: K, V [rows][D] and q [heads][D] (2-byte elements), the
+    scores [heads][rows], the row streams' o [streams][heads][D] and l [streams][heads] (fp32)."""
+    x = head_dim // 8
+    streams = threads // (x * min(heads, threads // x))
+    return (2 * rows + heads) * head_dim * 2 + heads * rows * 4 + streams * heads * (head_dim + 1) * 4
+
+
+def tiny_heads(heads_per_cta: int) -> int:
+    """decode_tiny's compiled heads for a CTA of `heads_per_cta`: the power of two at or above (a
+    kernel serves groups 1, 2, 3-4 and 5-8)."""
+    return 1 << (heads_per_cta - 1).bit_length()
+
+
+def tiny_pays(p: DecodeProblem, heads_per_cta: int, units: int, sm_count: int) -> bool:
+    """Whether decode_tiny runs a padded cache's call: every sequence within TINY_MAX_ROWS rows, CTAs
+    of at most TINY_MAX_HEADS query heads, at most TINY_MAX_UNITS_PER_SM units an SM."""
+    return (p.kv_len <= TINY_MAX_ROWS and heads_per_cta <= TINY_MAX_HEADS
+            and units <= TINY_MAX_UNITS_PER_SM * sm_count)
 
 
 def transposed(heads_per_cta: int) -> bool:
@@ -281,7 +316,7 @@ def chunk_tile_counts(kv_len: int, block_n: int) -> Iterator[int]:
 @functools.lru_cache(maxsize=1024, typed=True)   # (a bad 128.0 must not find the plan of 128)
 def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: int | None = None,
                 stages: int | None = None, uneven: bool = False, balanced: bool | None = False,
-                gathered: bool = False) -> DecodePlan:
+                gathered: bool = False, tiny: bool = False) -> DecodePlan:
     """Choose the chunk size so that every SM has work and the last wave is full.
 
     Candidate chunks are any whole number of tiles, from one tile to the first count that makes
@@ -301,12 +336,18 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
     on the device; a CTA's share may cross sequences and heads, and decode_merge merges the units
     it splits. None: where `balanced_pays`, for uneven lengths and no chunk size given.
     `gathered`: pages gathered row by row, whose stages `decode_stages` chooses apart.
+    `tiny`: a padded cache, whose short calls decode_tiny may take (`tiny_pays`) when no chunk size,
+    stages or balanced split is asked for.
     """
     block_n = tile_rows(p.head_dim, p.kv_len)
     heads_per_cta = min(p.group, MAX_HEADS_PER_CTA)
     one_tile = one_tile_ctas(p.kv_len, block_n, heads_per_cta, balanced)
     head_blocks = p.head_blocks
     units = p.batch * p.kv_heads * head_blocks
+    if tiny and chunk_size is None and stages is None and not balanced and tiny_pays(p, heads_per_cta, units, sm_count):
+        return DecodePlan(chunk=TINY_MAX_ROWS, block_n=TINY_MAX_ROWS, stages=1, n_chunks=1, head_blocks=head_blocks,
+                          heads_per_cta=heads_per_cta, merge_warps=1, warps=TINY_THREADS // 32, tiny=True,
+                          smem=tiny_smem_bytes(p.head_dim, TINY_MAX_ROWS, tiny_heads(heads_per_cta), TINY_THREADS))
     stages = stages or (1 if one_tile else decode_stages(p.head_dim, units, sm_count, gathered))
     if one_tile and stages == 1 and p.kv_len <= ONE_TILE_SHORT_ROWS:
         block_n = ONE_TILE_SHORT_ROWS
@@ -352,6 +393,10 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
 def decode_spec(p: DecodeProblem, plan: DecodePlan, arch: str, page_size: int = 0) -> runtime.KernelSpec:
     """The kernel of `plan` (whatever its chunk: an argument); `page_size` > 0 reads a paged cache
     (gathered below TMA_MIN_PAGE rows)."""
+    if plan.tiny:
+        return runtime.KernelSpec.make("decode_tiny", {
+            "D": p.head_dim, "DTYPE": CTYPES[p.dtype], "ROWS": plan.block_n, "HEADS": tiny_heads(plan.heads_per_cta),
+            "THREADS": plan.warps * 32}, arch, kernels=("decode_tiny",))
     return runtime.KernelSpec.make("decode", {
         "D": p.head_dim, "DTYPE": CTYPES[p.dtype], "BLOCK_N": plan.block_n, "STAGES": plan.stages,
         "WARPS": plan.warps, "TRANSPOSED": transposed(plan.heads_per_cta), "SPLIT": plan.split, "PAGE": page_size,
@@ -456,6 +501,10 @@ KERNEL_SIGNATURE = (int, np.int64, np.int64, 128, 128, 128, 128, int, np.int32, 
 # decode_merge's: the workspace (partial o, partial lse), kv_lens, kv_len, query heads, the
 # partial grid's x (chunks, or the balanced split's CTAs), the chunk, out and its strides, lse,
 # warps per row, rows (B · query heads; balanced: CTAs · group), KV heads, batch
+# decode_tiny's: q and its strides, k, v and their (batch, row, head) strides, kv_lens, kv_len, group,
+# scale, out and its strides, lse
+TINY_SIGNATURE = (int, np.int64, np.int64, int, int) + (np.int64,) * 6 + (int, np.int32, np.int32, np.float32, int,
+                                                                           np.int64, np.int64, int)
 MERGE_SIGNATURE = (int, int, int, np.int32, np.int32, np.int32, np.int32, int, np.int64, np.int64, int, np.int32,
                    np.int64, np.int32, np.int32)
 # what a call gives its launches anew (runtime.CallValues), in this order (the kernels' names); all
@@ -472,7 +521,8 @@ def plan_for(p: DecodeProblem, device: int, chunk_size: int | None, stages: int 
     known here; `balanced`: the balanced split, None the planner's choice) and the spec of its
     kernel (paged with `page_size` > 0)."""
     dev = runtime.device_info(device)
-    plan = plan_decode(p, dev.sm_count, dev.smem_per_sm, chunk_size, stages, uneven, balanced, is_gathered(page_size))
+    plan = plan_decode(p, dev.sm_count, dev.smem_per_sm, chunk_size, stages, uneven, balanced, is_gathered(page_size),
+                       tiny=page_size == 0)
     if plan.smem > dev.smem_per_block_optin:
         raise ValueError(f"stages={plan.stages} needs {plan.smem} bytes of shared memory per block; "
                          f"the device allows {dev.smem_per_block_optin}")
@@ -539,25 +589,34 @@ def row_params(p: DecodeProblem, plan: DecodePlan, scale: float, max_rows: int) 
 
 def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q: DeviceArray, out: DeviceArray | None,
                 batched: bool, k_maps, v_maps, scale: float, max_rows: int, pages: tuple = NO_PAGES,
-                tail_maps: tuple | None = None) -> DecodeCall:
+                tail_maps: tuple | None = None, kv_strides: tuple = ()) -> DecodeCall:
     """The prepared call of `plan`: the kernels of `spec` (compiled on first use) bound to their
     constants: q's and out's row strides (out given, or new and contiguous), the row
     parameters (`row_params`), a paged cache's page count and strides (`pages`) and the plan's
     chunk (the last argument); with a split of more chunks than a cluster holds, decode_merge after
     decode_partial. `k_maps`,
     `v_maps`: the tensor maps of K and V by address (TiledMaps); `tail_maps`, those of a segment's
-    last, partial tile in boxes of plan.box_rows rows (None: the same)."""
+    last, partial tile in boxes of plan.box_rows rows (None: the same); `kv_strides`, decode_tiny's
+    (batch, row, head) element strides of K, then V."""
     rows = (p.batch, p.q_heads) if batched else (p.q_heads,)
     out_strides = out.strides if out is not None else contiguous_strides(rows + (p.head_dim,))
     at = PER_CALL   # at["q"]: the argument the launch reads from the call's value "q"
+    values = runtime.CallValues(CALL_SIGNATURE)
+    if plan.tiny:
+        i32 = np.int32
+        args = (at["q"], *row_strides(q.strides, batched), at["k_cache"], at["v_cache"], *map(np.int64, kv_strides),
+                at["kv_lens"], i32(max_rows), i32(p.group), np.float32(scale), at["out"],
+                *row_strides(out_strides, batched), at["lse"])
+        launches = (bound_launch(spec, q.device, values, "decode_tiny", TINY_SIGNATURE, args, plan.grid(p),
+                                 plan.threads, plan.smem),)
+        return DecodeCall(p, plan, values, launches, k_maps, v_maps, k_maps, v_maps, rows, 0, 0)
     args = (at["q"], *row_strides(q.strides, batched), at["k_map"], at["v_map"], at["k_tail_map"], at["v_tail_map"],
             at["kv_lens"],
             *row_params(p, plan, scale, max_rows), at["ws_o"], at["ws_lse"], at["out"],
             *row_strides(out_strides, batched), at["lse"], at["kv_indptr"], at["kv_indices"], at["k_cache"],
             at["v_cache"], *pages, np.int32(plan.chunk), np.int32(p.kv_heads), np.int32(p.batch))
-    values = runtime.CallValues(CALL_SIGNATURE)
     launches = (bound_launch(spec, q.device, values, "decode_partial", KERNEL_SIGNATURE, args,
-                             plan.grid(p), (plan.warps + 1) * 32, plan.smem),)
+                             plan.grid(p), plan.threads, plan.smem),)
     if plan.merge_launch:
         i32 = np.int32
         n_rows = merge_rows(p, plan.balanced)
@@ -595,9 +654,10 @@ def prepare_decode(q, k, v, out, kv_lens, batched, kv_layout, scale, chunk_size,
         maps = tuple(kv_tensor_maps(a, name, batched, kv_layout, box_rows) for a, name in ((k, "k"), (v, "v")))
         maps[0](k.ptr), maps[1](v.ptr)   # the geometries checked (TensorMapError names k or v) before any launch
         return maps
-    whole = kv_maps(plan.block_n)
+    whole = kv_maps(plan.block_n)   # (decode_tiny's copies need none, but the same strides as TMA's)
+    strides = tuple(kv_view(a, batched, kv_layout)[1][:3] for a in (k, v))   # (batch, row, head) of K, then V
     return decode_call(p, plan, spec, q, out, batched, *whole, scale, p.kv_len,
-                       tail_maps=kv_maps(plan.box_rows) if plan.box_rows else None)
+                       tail_maps=kv_maps(plan.box_rows) if plan.box_rows else None, kv_strides=sum(strides, ()))
 
 
 ARGUMENTS = ("q", "k", "v", "out", "kv_lens")

@@ -1,0 +1,75 @@
+"""decode_tiny (short padded calls of few CTAs, CUDA cores, no pipeline) against the pipeline kernel
+it replaces (decode_partial's one-tile plan: `stages=1`, what the planner picked before) and
+FlashInfer's single / batch decode on both of its paths; then the limits (rows, units an SM) swept
+past the planner's. µs, cold L2, median of 50. Run after `source .peers/activate.sh`: `python ab.py`."""
+import functools
+
+import torch
+
+import pykda
+from pykda.bench import timing
+from pykda.ops import decode
+
+try:
+    import flashinfer
+except ImportError:
+    flashinfer = None
+
+
+def limits(rows: int, units_per_sm: int):
+    """Calls made after this take decode_tiny within `rows` rows and `units_per_sm` units an SM."""
+    decode.TINY_MAX_ROWS, decode.TINY_MAX_UNITS_PER_SM = rows, units_per_sm
+    decode.plan_decode.cache_clear()
+    decode.PREPARED.clear()
+
+
+def fi_batch(q, k, v, lens, tc):
+    """FlashInfer's batch decode over pages of the whole padded length (one page a sequence, its
+    last page holding its length)."""
+    B, hkv, S, D = k.shape
+    i32 = functools.partial(torch.tensor, dtype=torch.int32, device="cuda")
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "HND", use_tensor_cores=tc)
+    w.plan(i32(list(range(B + 1))), i32(list(range(B))), i32([max(n, 1) for n in lens]), q.shape[1], hkv, D, S,
+           q_data_type=q.dtype, kv_data_type=k.dtype)
+    return lambda: w.run(q, (k, v))
+
+
+timer, _ = timing.start("read")
+SHAPES = [  # (batch, Hq, Hkv, D, S); batch > 1: lengths uniform in 1..S (kv_lens)
+    (1, 32, 8, 64, 1), (1, 32, 8, 64, 17), (1, 32, 8, 64, 32), (1, 32, 8, 128, 17), (1, 32, 8, 128, 32),
+    (1, 32, 8, 256, 17), (1, 32, 32, 128, 17), (1, 64, 8, 128, 32), (1, 8, 1, 128, 17),
+    (4, 32, 8, 128, 32), (16, 32, 8, 128, 32), (16, 32, 8, 64, 17), (32, 32, 8, 128, 32), (64, 32, 8, 128, 32),
+    (1, 32, 8, 64, 64), (1, 32, 8, 128, 64), (4, 32, 8, 128, 64)]
+NAMES = ("tiny", "pipe", "fi", "fi-tc")
+print(f"{'shape':>22} " + " ".join(f"{n:>7}" for n in NAMES) + "   tiny plan")
+for B, hq, hkv, D, S in SHAPES:
+    bf = torch.bfloat16
+    g = torch.Generator(device="cuda").manual_seed(S + D + B)
+    q = torch.randn(B, hq, D, dtype=bf, device="cuda", generator=g)
+    k, v = (torch.randn(B, hkv, S, D, dtype=bf, device="cuda", generator=g) for _ in "kv")
+    lens = [S] if B == 1 else torch.randint(1, S + 1, (B,), generator=torch.Generator().manual_seed(B)).tolist()
+    kv_lens = None if B == 1 else torch.tensor(lens, dtype=torch.int32, device="cuda")
+    if B == 1:
+        ours = lambda **kw: pykda.single_decode_with_kv_cache(q[0], k[0], v[0], kv_layout="HND", **kw)  # noqa: E731
+    else:
+        ours = lambda **kw: pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_layout="HND", kv_lens=kv_lens,  # noqa: E731
+                                                                    **kw)
+    row = {"tiny": ours, "pipe": functools.partial(ours, stages=1)}
+    if flashinfer is not None:
+        for name, tc in (("fi", False), ("fi-tc", True)):
+            row[name] = (functools.partial(flashinfer.single_decode_with_kv_cache, q[0], k[0], v[0], kv_layout="HND",
+                                           use_tensor_cores=tc) if B == 1 else fi_batch(q, k, v, lens, tc))
+    limits(max(32, S), 4)   # decode_tiny for every row of this table ("tiny"), the pipeline with stages=1
+    ref = row["pipe"]().float()
+    us = {}
+    for name, fn in row.items():
+        out = fn()
+        err = ((out.reshape(ref.shape).float() - ref).norm() / ref.norm()).item()
+        assert err < 1e-2, (name, B, hq, hkv, D, S, err)
+        us[name] = timer.median_us(fn, warmup=5, repeats=50)
+    limits(32, 1)
+    p = decode.DecodeProblem(S, hq, hkv, D, "bfloat16", B)
+    planned = decode.plan_decode(p, 132, 233472, uneven=B > 1, balanced=None, tiny=True).tiny
+    shape = f"{B}x{hq}/{hkv} D{D} S{S}"
+    print(f"{shape:>22} " + " ".join(f"{us.get(n, float('nan')):7.2f}" for n in NAMES) + f"   {planned}", flush=True)
