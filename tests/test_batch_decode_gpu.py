@@ -126,7 +126,7 @@ TINY_CASES = [(1, 1, 32, 8, 64, "bfloat16", "NHD"), (5, 17, 24, 8, 128, "float16
 @pytest.mark.parametrize("B, S, hq, hkv, d, dtype, layout", TINY_CASES)
 def test_short_calls_run_decode_tiny_and_match_the_reference(B, S, hq, hkv, d, dtype, layout):
     """Short sequences in few CTAs go to decode_tiny (rows past each length NaN, out poisoned); the
-    pipeline's kernel (stages=1 sets it) gives the same answer within rounding."""
+    pipeline's kernel (a chunk size sets it) gives the same answer within rounding."""
     dev = runtime.device_info(0)
     assert decode.plan_decode(decode.DecodeProblem(S, hq, hkv, d, dtype, B), dev.sm_count, dev.smem_per_sm,
                               uneven=True, balanced=None, tiny=True).tiny
@@ -140,7 +140,7 @@ def test_short_calls_run_decode_tiny_and_match_the_reference(B, S, hq, hkv, d, d
     assert o is out
     check(o, lse, ref(q, k, v, lens, scale=0.2), lens, dtype)
     o2, lse2 = pykda.batch_decode_with_padded_kv_cache(q, kl, vl, kv_layout=layout, kv_lens=kv_lens, return_lse=True,
-                                                       scale=0.2, stages=1)
+                                                       scale=0.2, chunk_size=64)
     assert reference.relative_error(o2.double().cpu().numpy(), o.double().cpu().numpy()) < TOL[dtype]
     assert torch.equal(torch.isinf(lse2), torch.isinf(lse))
 

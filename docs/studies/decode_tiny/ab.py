@@ -1,5 +1,5 @@
 """decode_tiny (short padded calls of few CTAs, CUDA cores, no pipeline) against the pipeline kernel
-it replaces (decode_partial's one-tile plan: `stages=1`, what the planner picked before) and
+it replaces (decode_partial's one-tile plan: `chunk_size=64`: what the planner picked before) and
 FlashInfer's single / batch decode on both of its paths; then the limits (rows, units an SM) swept
 past the planner's. µs, cold L2, median of 50. Run after `source .peers/activate.sh`: `python ab.py`."""
 import functools
@@ -55,12 +55,12 @@ for B, hq, hkv, D, S in SHAPES:
     else:
         ours = lambda **kw: pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_layout="HND", kv_lens=kv_lens,  # noqa: E731
                                                                     **kw)
-    row = {"tiny": ours, "pipe": functools.partial(ours, stages=1)}
+    row = {"tiny": ours, "pipe": functools.partial(ours, chunk_size=64)}
     if flashinfer is not None:
         for name, tc in (("fi", False), ("fi-tc", True)):
             row[name] = (functools.partial(flashinfer.single_decode_with_kv_cache, q[0], k[0], v[0], kv_layout="HND",
                                            use_tensor_cores=tc) if B == 1 else fi_batch(q, k, v, lens, tc))
-    limits(max(32, S), 4)   # decode_tiny for every row of this table ("tiny"), the pipeline with stages=1
+    limits(max(32, S), 4)   # decode_tiny for every row of this table ("tiny"), the pipeline with chunk_size=64
     ref = row["pipe"]().float()
     us = {}
     for name, fn in row.items():
