@@ -213,8 +213,9 @@ def test_a_short_call_of_few_ctas_is_one_decode_tiny_launch(offline, layout):
     assert tuple(o.shape) == (B, hq, d) and tuple(lse.shape) == (B, hq)
     ((name, grid, block, smem, args, spec),) = offline["launches"]
     assert name == "decode_tiny" and spec.template == "decode_tiny" and spec.param_dict["HEADS"] == 4
-    assert grid == (1, hkv, B) and block == (decode.TINY_THREADS, 1, 1)
-    assert smem == decode.tiny_smem_bytes(d, decode.TINY_MAX_ROWS, 4, decode.TINY_THREADS)
+    streams = decode.TINY_STREAMS   # D 128: 16 threads a row, 2 heads side by side, of 4 compiled
+    assert (spec.param_dict["HY"], spec.param_dict["HZ"]) == (2, streams) and grid == (1, hkv, B)
+    assert block == (16 * 2 * streams, 1, 1) and smem == decode.tiny_smem_bytes(d, decode.TINY_MAX_ROWS, 4, streams)
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_tiny", spec.param_dict, "decode_tiny")
     row, head = (hkv * d, d) if layout == "NHD" else (d, S * d)
     assert args[3:11] == (k.ptr, v.ptr, S * hkv * d, row, head, S * hkv * d, row, head)

@@ -415,7 +415,7 @@ def test_decode_tiny_takes_short_padded_calls_of_few_units_only():
     balanced split set; the pipeline otherwise. Its compiled heads: the group's power of two."""
     p = DecodeProblem(17, 32, 8, 64, "bfloat16")
     plan = plan_decode(p, **H200, tiny=True)
-    assert plan.tiny and plan.n_chunks == 1 and not plan.split and plan.threads == decode.TINY_THREADS
+    assert plan.tiny and plan.n_chunks == 1 and not plan.split and plan.threads == decode.TINY_THREADS   # 8 x 4 x 8
     assert decode.decode_spec(p, plan, "sm_90a").template == "decode_tiny"
     assert not plan_decode(p, **H200).tiny   # paged caches (and the default)
     for kwargs in (dict(chunk_size=64), dict(stages=1), dict(balanced=True)):

@@ -67,7 +67,8 @@ TRANSPOSED_MAX_HEADS = 8   # CTAs of at most this many query heads run the trans
 TINY_MAX_ROWS = 32
 TINY_MAX_HEADS = 8     # (so one head block: every group within MAX_HEADS_PER_CTA)
 TINY_MAX_UNITS_PER_SM = 1
-TINY_THREADS = 256
+TINY_STREAMS = 8      # decode_tiny's row streams (4 rows each at 32 rows)
+TINY_THREADS = 256    # at most, with heads side by side up to the group
 _REGS_GUESS = {(64, False): 96, (128, False): 152, (256, False): 240,   # per thread, for the occupancy
                (64, True): 96, (128, True): 128, (256, True): 168}       # estimate, by (D, transposed)
 
@@ -106,6 +107,7 @@ class DecodePlan:
     box_rows: int = 0     # padded caches: rows per TMA box of a chunk's last, partial tile, boxes past a
                           # length unread (0: a box a tile)
     tiny: bool = False    # decode_tiny instead of decode_partial (block_n: its most rows; no pipeline)
+    streams: int = 0      # decode_tiny's row streams
 
     @property
     def split(self) -> bool:
@@ -163,12 +165,17 @@ def smem_bytes(head_dim: int, block_n: int, stages: int) -> int:
     return stages * stage_bytes(head_dim, block_n) + 1024   # + alignment slack for 1024-byte TMA tiles
 
 
-def tiny_smem_bytes(head_dim: int, rows: int, heads: int, threads: int) -> int:
+def tiny_smem_bytes(head_dim: int, rows: int, heads: int, streams: int) -> int:
     """decode_tiny's dynamic shared memory: K, V [rows][D] and q [heads][D] (2-byte elements), the
-    scores [heads][rows], the row streams' o [streams][heads][D] and l [streams][heads] (fp32)."""
+    row streams' o [streams][heads][D], m and l [streams][heads] (fp32)."""
+    return (2 * rows + heads) * head_dim * 2 + streams * heads * (head_dim + 2) * 4
+
+
+def tiny_threads(head_dim: int, heads: int, streams: int) -> int:
+    """decode_tiny's threads: head_dim / 8 along a row, times the heads side by side (as many of the
+    compiled `heads` as TINY_THREADS allows), times the row streams."""
     x = head_dim // 8
-    streams = threads // (x * min(heads, threads // x))
-    return (2 * rows + heads) * head_dim * 2 + heads * rows * 4 + streams * heads * (head_dim + 1) * 4
+    return x * min(heads, max(1, TINY_THREADS // (x * streams))) * streams
 
 
 def tiny_heads(heads_per_cta: int) -> int:
@@ -345,9 +352,11 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
     head_blocks = p.head_blocks
     units = p.batch * p.kv_heads * head_blocks
     if tiny and chunk_size is None and stages is None and not balanced and tiny_pays(p, heads_per_cta, units, sm_count):
+        heads = tiny_heads(heads_per_cta)
         return DecodePlan(chunk=TINY_MAX_ROWS, block_n=TINY_MAX_ROWS, stages=1, n_chunks=1, head_blocks=head_blocks,
-                          heads_per_cta=heads_per_cta, merge_warps=1, warps=TINY_THREADS // 32, tiny=True,
-                          smem=tiny_smem_bytes(p.head_dim, TINY_MAX_ROWS, tiny_heads(heads_per_cta), TINY_THREADS))
+                          heads_per_cta=heads_per_cta, merge_warps=1,
+                          warps=tiny_threads(p.head_dim, heads, TINY_STREAMS) // 32, tiny=True, streams=TINY_STREAMS,
+                          smem=tiny_smem_bytes(p.head_dim, TINY_MAX_ROWS, heads, TINY_STREAMS))
     stages = stages or (1 if one_tile else decode_stages(p.head_dim, units, sm_count, gathered))
     if one_tile and stages == 1 and p.kv_len <= ONE_TILE_SHORT_ROWS:
         block_n = ONE_TILE_SHORT_ROWS
@@ -396,7 +405,7 @@ def decode_spec(p: DecodeProblem, plan: DecodePlan, arch: str, page_size: int = 
     if plan.tiny:
         return runtime.KernelSpec.make("decode_tiny", {
             "D": p.head_dim, "DTYPE": CTYPES[p.dtype], "ROWS": plan.block_n, "HEADS": tiny_heads(plan.heads_per_cta),
-            "THREADS": plan.warps * 32}, arch, kernels=("decode_tiny",))
+            "HY": plan.threads // (p.head_dim // 8 * plan.streams), "HZ": plan.streams}, arch, kernels=("decode_tiny",))
     return runtime.KernelSpec.make("decode", {
         "D": p.head_dim, "DTYPE": CTYPES[p.dtype], "BLOCK_N": plan.block_n, "STAGES": plan.stages,
         "WARPS": plan.warps, "TRANSPOSED": transposed(plan.heads_per_cta), "SPLIT": plan.split, "PAGE": page_size,

@@ -16,9 +16,10 @@ except ImportError:
     flashinfer = None
 
 
-def limits(rows: int, units_per_sm: int):
-    """Calls made after this take decode_tiny within `rows` rows and `units_per_sm` units an SM."""
-    decode.TINY_MAX_ROWS, decode.TINY_MAX_UNITS_PER_SM = rows, units_per_sm
+def limits(rows: int, units_per_sm: int, streams: int = 8):
+    """Calls made after this take decode_tiny within `rows` rows and `units_per_sm` units an SM, in
+    `streams` row streams."""
+    decode.TINY_MAX_ROWS, decode.TINY_MAX_UNITS_PER_SM, decode.TINY_STREAMS = rows, units_per_sm, streams
     decode.plan_decode.cache_clear()
     decode.PREPARED.clear()
 
@@ -41,7 +42,7 @@ SHAPES = [  # (batch, Hq, Hkv, D, S); batch > 1: lengths uniform in 1..S (kv_len
     (1, 32, 8, 256, 17), (1, 32, 32, 128, 17), (1, 64, 8, 128, 32), (1, 8, 1, 128, 17),
     (4, 32, 8, 128, 32), (16, 32, 8, 128, 32), (16, 32, 8, 64, 17), (32, 32, 8, 128, 32), (64, 32, 8, 128, 32),
     (1, 32, 8, 64, 64), (1, 32, 8, 128, 64), (4, 32, 8, 128, 64)]
-NAMES = ("tiny", "pipe", "fi", "fi-tc")
+NAMES = ("tiny", "tiny4", "pipe", "fi", "fi-tc")
 print(f"{'shape':>22} " + " ".join(f"{n:>7}" for n in NAMES) + "   tiny plan")
 for B, hq, hkv, D, S in SHAPES:
     bf = torch.bfloat16
@@ -55,15 +56,15 @@ for B, hq, hkv, D, S in SHAPES:
     else:
         ours = lambda **kw: pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_layout="HND", kv_lens=kv_lens,  # noqa: E731
                                                                     **kw)
-    row = {"tiny": ours, "pipe": functools.partial(ours, chunk_size=64)}
+    row = {"tiny": ours, "tiny4": ours, "pipe": functools.partial(ours, chunk_size=64)}
     if flashinfer is not None:
         for name, tc in (("fi", False), ("fi-tc", True)):
             row[name] = (functools.partial(flashinfer.single_decode_with_kv_cache, q[0], k[0], v[0], kv_layout="HND",
                                            use_tensor_cores=tc) if B == 1 else fi_batch(q, k, v, lens, tc))
-    limits(max(32, S), 4)   # decode_tiny for every row of this table ("tiny"), the pipeline with chunk_size=64
     ref = row["pipe"]().float()
     us = {}
     for name, fn in row.items():
+        limits(max(32, S), 4, 4 if name == "tiny4" else 8)   # ("tiny4": four row streams)
         out = fn()
         err = ((out.reshape(ref.shape).float() - ref).norm() / ref.norm()).item()
         assert err < 1e-2, (name, B, hq, hkv, D, S, err)
