@@ -117,10 +117,11 @@ def test_split_sequences_merge_in_clusters(chunk_size, cluster):
 
 
 # decode_tiny: (batch, longest, heads, head dim, dtype, layout): one sequence of one row; groups of 1,
-# 2, 3 (the 4-head kernel), 5 and 8; the longest rows it takes; lengths with 0 and 1 among them
+# 2, 3 (the 4-head kernel), 5 (the 8-head one) and 8; the longest rows it takes; lengths with 0 and 1
 TINY_CASES = [(1, 1, 32, 8, 64, "bfloat16", "NHD"), (5, 17, 24, 8, 128, "float16", "HND"),
-              (4, 32, 64, 8, 256, "bfloat16", "NHD"), (3, 15, 16, 16, 64, "float16", "HND"),
-              (2, 32, 4, 2, 128, "bfloat16", "HND"), (1, 31, 5, 1, 256, "float16", "NHD")]
+              (4, 32, 16, 8, 256, "bfloat16", "NHD"), (3, 15, 16, 16, 64, "float16", "HND"),
+              (2, 32, 4, 2, 128, "bfloat16", "HND"), (1, 31, 5, 1, 64, "float16", "NHD"),
+              (2, 9, 64, 8, 64, "bfloat16", "HND")]
 
 
 @pytest.mark.parametrize("B, S, hq, hkv, d, dtype, layout", TINY_CASES)
