@@ -1,5 +1,8 @@
-# Session 47, from the repository root (~1.5 min, any card): after the streams rule, decode_tiny's tests
-# and the single decode's short rows, memcheck and racecheck of decode_tiny's test. Carry [".kc_47.tar.xz"].
+# Session 47, for streams_rule.patch (not run: the device time ran out). From the repository root with the
+# patch applied (`git apply docs/studies/decode_tiny/streams_rule.patch`) and its kernels compiled into
+# .kc_47 (`PYKDA_CACHE_DIR=.kc_47 python -m pykda compile --family decode`, packed as .kc_47.tar.xz),
+# ~1.5 min on any card: decode_tiny's tests and the single decode's, memcheck and racecheck of
+# decode_tiny's test. Carry [".kc_47.tar.xz"]. Then ab.py (round.sh) for the patch's planner.
 [ -d .kc_47 ] || tar xJf .kc_47.tar.xz
 export PYTHONPATH=.:$PYTHONPATH PYKDA_CACHE_DIR=$PWD/.kc_47
 mkdir -p $OUT; nvidia-smi --query-gpu=name --format=csv,noheader
