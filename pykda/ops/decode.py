@@ -8,7 +8,8 @@ validate -> plan (chunk size, pipeline, grid) -> spec -> kernel bound to its con
 the kernel, each (sequence, KV head) a thread block cluster of its chunks' CTAs that exchange
 their partials through distributed shared memory; a longer split takes its workspace (the chunks'
 partial outputs and LSE) from the framework of q, one allocation per call, and merges them with a
-second kernel. Nothing carries over between calls, so a call can be captured in a CUDA graph on
+second kernel. A short call of few CTAs (`tiny_pays`) runs decode_tiny instead: one launch, no
+pipeline. Nothing carries over between calls, so a call can be captured in a CUDA graph on
 any stream, and graphs sharing a memory pool replay in any order.
 """
 from __future__ import annotations
