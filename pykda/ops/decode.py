@@ -515,12 +515,12 @@ KERNEL_SIGNATURE = (int, np.int64, np.int64, 128, 128, 128, 128, int, np.int32, 
 # decode_merge's: the workspace (partial o, partial lse), kv_lens, kv_len, query heads, the
 # partial grid's x (chunks, or the balanced split's CTAs), the chunk, out and its strides, lse,
 # warps per row, rows (B · query heads; balanced: CTAs · group), KV heads, batch
+MERGE_SIGNATURE = (int, int, int, np.int32, np.int32, np.int32, np.int32, int, np.int64, np.int64, int, np.int32,
+                   np.int64, np.int32, np.int32)
 # decode_tiny's: q and its strides, k, v and their (batch, row, head) strides, kv_lens, kv_len, group,
 # scale, out and its strides, lse
 TINY_SIGNATURE = (int, np.int64, np.int64, int, int) + (np.int64,) * 6 + (int, np.int32, np.int32, np.float32, int,
                                                                            np.int64, np.int64, int)
-MERGE_SIGNATURE = (int, int, int, np.int32, np.int32, np.int32, np.int32, int, np.int64, np.int64, int, np.int32,
-                   np.int64, np.int32, np.int32)
 # what a call gives its launches anew (runtime.CallValues), in this order (the kernels' names); all
 # else is the prepared call's
 CALL_VALUES = ("q", "k_map", "v_map", "k_tail_map", "v_tail_map", "kv_lens", "ws_o", "ws_lse", "out", "lse",
