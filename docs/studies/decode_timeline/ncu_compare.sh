@@ -1,5 +1,5 @@
 #!/bin/bash
-# The grid's worst row (32/8 heads, one sequence of 17 KV rows, D 64): pykda's decode_partial beside
+# The grid's worst row (32/8 heads, one sequence of 17 KV rows, D 64): pykda's kernel (decode_tiny since session 47) beside
 # FlashInfer's single-decode kernel under ncu, one launch of each after warm-up, cold L2 (ncu's
 # cache flush), clocks unlocked. Prints every metric of the listed sections side by side, then each
 # kernel's 15 SASS instructions with the most stall samples (where its warps wait, and on what).
@@ -29,7 +29,7 @@ torch.cuda.synchronize()
 PY
 NCU="/usr/local/cuda/bin/ncu --clock-control none --cache-control all --launch-skip 2 --launch-count 1"
 SECTIONS="--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats --section InstructionStats"
-declare -A KERNEL=([pykda]="regex:decode_partial" [flashinfer]="regex:SingleDecode")
+declare -A KERNEL=([pykda]="regex:decode_(partial|tiny)" [flashinfer]="regex:SingleDecode")
 for who in pykda flashinfer; do
   python "$OUT/s17.py" "$who"   # compile (and FlashInfer's JIT) outside the profile
   $NCU --kernel-name "${KERNEL[$who]}" $SECTIONS --csv python "$OUT/s17.py" "$who" > "$OUT/$who.details.csv"
