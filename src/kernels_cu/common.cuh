@@ -78,18 +78,17 @@ PYKDA_DEVICE float2 unpack2(uint32_t v, fp16_t) {
 
 // Eight consecutive elements (16-byte aligned) as loaded: one or two 16-byte words, converted
 // to fp32 at use (unpack8), so a kernel can issue all its loads before the first conversion.
-template <typename T> struct Raw8;
-template <> struct Raw8<bf16_t> { uint4 w; };
+template <typename T> struct Raw8 { uint4 w; };   // 2-byte elements: bf16_t, fp16_t
 template <> struct Raw8<float> { float4 a, b; };
-PYKDA_DEVICE Raw8<bf16_t> load_raw8(const bf16_t* p) { return {*reinterpret_cast<const uint4*>(p)}; }
+template <typename T> PYKDA_DEVICE Raw8<T> load_raw8(const T* p) { return {*reinterpret_cast<const uint4*>(p)}; }
 PYKDA_DEVICE Raw8<float> load_raw8(const float* p) {
   return {*reinterpret_cast<const float4*>(p), *reinterpret_cast<const float4*>(p + 4)};
 }
-PYKDA_DEVICE void unpack8(const Raw8<bf16_t>& r, float (&x)[8]) {
+template <typename T> PYKDA_DEVICE void unpack8(const Raw8<T>& r, float (&x)[8]) {
   const uint32_t w[4] = {r.w.x, r.w.y, r.w.z, r.w.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const float2 f = unpack2(w[j], bf16_t{});
+    const float2 f = unpack2(w[j], T{});
     x[2 * j] = f.x;
     x[2 * j + 1] = f.y;
   }
@@ -98,7 +97,7 @@ PYKDA_DEVICE void unpack8(const Raw8<float>& r, float (&x)[8]) {
   x[0] = r.a.x; x[1] = r.a.y; x[2] = r.a.z; x[3] = r.a.w;
   x[4] = r.b.x; x[5] = r.b.y; x[6] = r.b.z; x[7] = r.b.w;
 }
-// Eight consecutive elements (16-byte aligned) as fp32, from bf16 or fp32 storage.
+// Eight consecutive elements (16-byte aligned) as fp32, from bf16, fp16 or fp32 storage.
 template <typename T> PYKDA_DEVICE void load8(const T* p, float (&x)[8]) { unpack8(load_raw8(p), x); }
 // Eight fp32 to 16-byte aligned shared or global memory.
 PYKDA_DEVICE void store8(float* p, const float (&x)[8]) {
