@@ -116,6 +116,21 @@ def test_split_sequences_merge_in_clusters(chunk_size, cluster):
     check(o, lse, ref(q, k, v, lens, scale=0.3), lens, "bfloat16")
 
 
+def checked_call(B, S, hq, hkv, d, dtype, layout, lens, seed, **kwargs):
+    """A call with `kwargs` (and kv_lens on the device) on a cache in `layout` whose rows past each
+    length are NaN, into a NaN-poisoned out, checked against float64 (with kwargs' scale). Returns
+    q, the cache's k and v, kv_lens, o and lse, for a second call to compare with."""
+    q, k, v = make(B, S, hq, hkv, d, dtype, lens, seed=seed)
+    kv_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    kl, vl = as_layout(k, layout), as_layout(v, layout)
+    out = torch.full_like(q, float("nan"))
+    o, lse = pykda.batch_decode_with_padded_kv_cache(q, kl, vl, kv_layout=layout, kv_lens=kv_lens, out=out,
+                                                     return_lse=True, **kwargs)
+    assert o is out
+    check(o, lse, ref(q, k, v, lens, scale=kwargs.get("scale")), lens, dtype)
+    return q, kl, vl, kv_lens, o, lse
+
+
 # decode_tiny: (batch, longest, heads, head dim, dtype, layout): one sequence of one row; groups of 1,
 # 2, 3 (the 4-head kernel), 5 (the 8-head one) and 8; the longest rows it takes; lengths with 0 and 1
 TINY_CASES = [(1, 1, 32, 8, 64, "bfloat16", "NHD"), (5, 17, 24, 8, 128, "float16", "HND"),
@@ -131,15 +146,8 @@ def test_short_calls_run_decode_tiny_and_match_the_reference(B, S, hq, hkv, d, d
     dev = runtime.device_info(0)
     assert decode.plan_decode(decode.DecodeProblem(S, hq, hkv, d, dtype, B), dev.sm_count, dev.smem_per_sm,
                               uneven=True, balanced=None, tiny=True).tiny
-    lens = lengths(B, S, seed=S + 3 * B)
-    q, k, v = make(B, S, hq, hkv, d, dtype, lens, seed=S + d)
-    kv_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    kl, vl = as_layout(k, layout), as_layout(v, layout)
-    out = torch.full_like(q, float("nan"))
-    o, lse = pykda.batch_decode_with_padded_kv_cache(q, kl, vl, kv_layout=layout, kv_lens=kv_lens, out=out,
-                                                     return_lse=True, scale=0.2)
-    assert o is out
-    check(o, lse, ref(q, k, v, lens, scale=0.2), lens, dtype)
+    q, kl, vl, kv_lens, o, lse = checked_call(B, S, hq, hkv, d, dtype, layout, lengths(B, S, seed=S + 3 * B),
+                                              seed=S + d, scale=0.2)
     o2, lse2 = pykda.batch_decode_with_padded_kv_cache(q, kl, vl, kv_layout=layout, kv_lens=kv_lens, return_lse=True,
                                                        scale=0.2, chunk_size=64)
     assert reference.relative_error(o2.double().cpu().numpy(), o.double().cpu().numpy()) < TOL[dtype]
@@ -160,15 +168,8 @@ def test_balanced_split_matches_reference(B, S, hq, hkv, d, dtype, layout):
     """balanced=True: each CTA streams its share of every sequence's tiles, crossing sequences and
     KV heads; lengths 0, 1, S, S - 1 and random (NaN past them), out poisoned; against float64 and
     within rounding of the chunked split of the same call."""
-    lens = lengths(B, S, seed=B + S + d)
-    q, k, v = make(B, S, hq, hkv, d, dtype, lens, seed=B * 3 + S)
-    kv_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    kc, vc = as_layout(k, layout), as_layout(v, layout)
-    out = torch.full_like(q, float("nan"))
-    o, lse = pykda.batch_decode_with_padded_kv_cache(q, kc, vc, kv_layout=layout, kv_lens=kv_lens, out=out,
-                                                     return_lse=True, balanced=True)
-    assert o is out
-    check(o, lse, ref(q, k, v, lens), lens, dtype)
+    q, kc, vc, kv_lens, o, lse = checked_call(B, S, hq, hkv, d, dtype, layout, lengths(B, S, seed=B + S + d),
+                                              seed=B * 3 + S, balanced=True)
     o2, lse2 = pykda.batch_decode_with_padded_kv_cache(q, kc, vc, kv_layout=layout, kv_lens=kv_lens, return_lse=True,
                                                        balanced=False)
     assert (o.float() - o2.float()).abs().max().item() < 2e-2
