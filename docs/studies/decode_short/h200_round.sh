@@ -4,14 +4,7 @@
 # ".peers.tar.xz", ".fi_ws.tar.xz"] (main's decode kernels; land_round.sh in decode_long_h100 says how).
 # Session 46: without .fi_ws.tar.xz FlashInfer's modules are built first (warm.py, ~75 s) and their
 # cache comes back packed as $OUT/fi_ws.tar.xz; `bash h200_round.sh 128` times one head dim only.
-[ -d .kc_s43 ] || tar xJf .kc_s43.tar.xz; [ -d .peers/site ] || tar xJf .peers.tar.xz
-source .peers/activate.sh; [ -d /tmp/fi-peer-ws/.cache ] || [ ! -f .fi_ws.tar.xz ] || tar xJf .fi_ws.tar.xz -C /tmp
-export PYTHONPATH=.:$PYTHONPATH PYKDA_CACHE_DIR=$PWD/.kc_s43
-mkdir -p $OUT; nvidia-smi --query-gpu=name --format=csv,noheader
-if [ ! -d /tmp/fi-peer-ws/.cache ]; then
-  timeout 150 python docs/studies/flashinfer_warm/warm.py > $OUT/warm.log 2>&1; tail -1 $OUT/warm.log
-  tar cf - -C /tmp fi-peer-ws/.cache | xz -T16 -3 > $OUT/fi_ws.tar.xz
-fi
+source docs/studies/flashinfer_warm/device_env.sh .kc_s43
 timeout 60 python -m pytest -q -p no:cacheprovider -m gpu tests/test_decode_gpu.py tests/test_batch_decode_gpu.py \
   tests/test_paged_decode_gpu.py -k "decode and not kda" > $OUT/gpu_tests.log 2>&1
 grep -E "passed|failed" $OUT/gpu_tests.log | tail -1

@@ -1,20 +1,13 @@
 # Session 47, from the repository root (~6 min, any card): the decode GPU files (decode_tiny's test
 # among them), memcheck and racecheck of decode_tiny's tests, ab.py twice. Carry [".kc_47.tar.xz",
 # ".peers.tar.xz"] (`PYKDA_CACHE_DIR=.kc_47 python -m pykda compile --family decode`, packed;
-# `../shared/tools/stage-peers.sh`, packed); FlashInfer's JIT modules are built first (warm.py).
-[ -d .kc_47 ] || tar xJf .kc_47.tar.xz; [ -d .peers/site ] || tar xJf .peers.tar.xz
-source .peers/activate.sh; [ -d /tmp/fi-peer-ws/.cache ] || [ ! -f .fi_ws.tar.xz ] || tar xJf .fi_ws.tar.xz -C /tmp
-export PYTHONPATH=.:$PYTHONPATH PYKDA_CACHE_DIR=$PWD/.kc_47
-mkdir -p $OUT; nvidia-smi --query-gpu=name --format=csv,noheader
+# `../shared/tools/stage-peers.sh`, packed); FlashInfer's JIT modules are built first (device_env.sh).
+source docs/studies/flashinfer_warm/device_env.sh .kc_47
 timeout 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_batch_decode_gpu.py -k tiny > $OUT/tiny_tests.log 2>&1
 grep -E "passed|failed" $OUT/tiny_tests.log | tail -1; grep -E "^E  " $OUT/tiny_tests.log | head -10
 timeout 150 python -m pykda sanitize --tool memcheck,racecheck --shards 1 --timeout 140 --pytest-args "-k tiny" \
   --log-dir /tmp/sanitize > $OUT/sanitize.log 2>&1
 grep -E "PASS|FAIL" $OUT/sanitize.log | cut -c1-250
-if [ ! -d /tmp/fi-peer-ws/.cache ]; then
-  timeout 150 python docs/studies/flashinfer_warm/warm.py > $OUT/warm.log 2>&1; tail -1 $OUT/warm.log
-  tar cf - -C /tmp fi-peer-ws/.cache | xz -T16 -3 > $OUT/fi_ws.tar.xz
-fi
 for r in 1 2; do timeout 150 python docs/studies/decode_tiny/ab.py > $OUT/ab_$r.log 2>&1; done
 timeout 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_decode_gpu.py tests/test_batch_decode_gpu.py \
   tests/test_paged_decode_gpu.py tests/test_graphs_gpu.py -k "decode and not kda" > $OUT/gpu_tests.log 2>&1
