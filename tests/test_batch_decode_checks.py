@@ -220,6 +220,11 @@ def test_a_short_call_of_few_ctas_is_one_decode_tiny_launch(offline, layout):
     row, head = (hkv * d, d) if layout == "NHD" else (d, S * d)
     assert args[3:11] == (k.ptr, v.ptr, S * hkv * d, row, head, S * hkv * d, row, head)
     assert args[11:14] == (lens.ptr, S, 3) and args[18] != 0 and offline["workspaces"] == []
+    # the maps were checked once, when the call was prepared; a cache at a new address encodes none
+    maps = len(offline["maps"])
+    k2, v2 = (arr(a.shape, strides=a.strides, ptr=a.ptr + 4096) for a in (k, v))
+    decode.flash_decode(q, k2, v2, batched=True, kv_layout=layout, kv_lens=lens)
+    assert len(offline["maps"]) == maps and offline["launches"][1][4][3:5] == (k2.ptr, v2.ptr)
 
 
 @pytest.mark.parametrize("chunk_size, chunks, cluster", [(128, 8, 8), (384, 3, 4), (512, 2, 2)])

@@ -565,6 +565,12 @@ def row_strides(strides: tuple, batched: bool) -> tuple[np.int64, np.int64]:
 NO_PAGES = (np.int32(0), np.int64(0), np.int64(0), np.int64(0))   # a padded cache's page count and strides
 
 
+def no_map(ptr: int) -> bytes:
+    """The tensor map slot of a cache no TMA reads (a gathered paged cache, decode_tiny's rows):
+    zeros, whatever the address, so a new address costs no encode."""
+    return bytes(128)
+
+
 class DecodeCall(NamedTuple):
     """A prepared call: what its launch needs besides the pointers, the outputs, the workspace,
     the tensor maps of the call's K and V and the stream."""
@@ -572,7 +578,7 @@ class DecodeCall(NamedTuple):
     plan: DecodePlan
     values: runtime.CallValues  # the buffer of CALL_VALUES the launch reads
     launches: tuple             # the kernel, bound to its constants
-    k_maps: runtime.TiledMaps   # (or a paged cache's gather: any address's map is zeros)
+    k_maps: runtime.TiledMaps   # (or `no_map` where no TMA reads the cache)
     v_maps: runtime.TiledMaps
     k_tail_maps: runtime.TiledMaps   # a padded segment's last, partial tile in boxes (or k_maps, v_maps)
     v_tail_maps: runtime.TiledMaps
@@ -609,7 +615,7 @@ def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q:
     parameters (`row_params`), a paged cache's page count and strides (`pages`) and the plan's
     chunk (the last argument); with a split of more chunks than a cluster holds, decode_merge after
     decode_partial. `k_maps`,
-    `v_maps`: the tensor maps of K and V by address (TiledMaps); `tail_maps`, those of a segment's
+    `v_maps`: the tensor maps of K and V by address (TiledMaps; decode_tiny reads none); `tail_maps`, those of a segment's
     last, partial tile in boxes of plan.box_rows rows (None: the same); `kv_strides`, decode_tiny's
     (batch, row, head) element strides of K, then V."""
     rows = (p.batch, p.q_heads) if batched else (p.q_heads,)
@@ -623,7 +629,7 @@ def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q:
                 *row_strides(out_strides, batched), at["lse"])
         launches = (bound_launch(spec, q.device, values, "decode_tiny", TINY_SIGNATURE, args, plan.grid(p),
                                  plan.threads, plan.smem),)
-        return DecodeCall(p, plan, values, launches, k_maps, v_maps, k_maps, v_maps, rows, 0, 0)
+        return DecodeCall(p, plan, values, launches, no_map, no_map, no_map, no_map, rows, 0, 0)
     args = (at["q"], *row_strides(q.strides, batched), at["k_map"], at["v_map"], at["k_tail_map"], at["v_tail_map"],
             at["kv_lens"],
             *row_params(p, plan, scale, max_rows), at["ws_o"], at["ws_lse"], at["out"],
@@ -668,7 +674,7 @@ def prepare_decode(q, k, v, out, kv_lens, batched, kv_layout, scale, chunk_size,
         maps = tuple(kv_tensor_maps(a, name, batched, kv_layout, box_rows) for a, name in ((k, "k"), (v, "v")))
         maps[0](k.ptr), maps[1](v.ptr)   # the geometries checked (TensorMapError names k or v) before any launch
         return maps
-    whole = kv_maps(plan.block_n)   # (decode_tiny's copies need none, but the same strides as TMA's)
+    whole = kv_maps(plan.block_n)   # (decode_tiny's copies need none, but it takes the strides TMA takes)
     strides = tuple(kv_view(a, batched, kv_layout)[1][:3] for a in (k, v))   # (batch, row, head) of K, then V
     return decode_call(p, plan, spec, q, out, batched, *whole, scale, p.kv_len,
                        tail_maps=kv_maps(plan.box_rows) if plan.box_rows else None, kv_strides=sum(strides, ()))

@@ -141,11 +141,6 @@ def _page_ids(x, name: str, ndim: int, layout: str) -> DeviceArray:
     return a
 
 
-def _no_map(ptr: int) -> bytes:
-    """The tensor map slot of a gathered cache (read by no one)."""
-    return bytes(128)
-
-
 def prepare_paged(q, k, v, out, layout: PagedLayout) -> decode.DecodeCall:
     """Validate a run and make everything its launch needs but the pointers, the outputs, the
     workspace, the tensor maps of the run's caches and the stream."""
@@ -155,7 +150,7 @@ def prepare_paged(q, k, v, out, layout: PagedLayout) -> decode.DecodeCall:
                                  balanced=None)
     (num_pages, _, _, _), (page_stride, row_stride, head_stride, _) = decode.kv_view(k, True, layout.kv_layout)
     if decode.is_gathered(layout.page_size):
-        k_maps = v_maps = _no_map
+        k_maps = v_maps = decode.no_map
     else:   # (head_dim, kv_heads, page_size, num_pages) boxes of a page's rows (at most a tile)
         box_rows = min(plan.block_n, layout.page_size)
         k_maps = decode.kv_tensor_maps(k, "k_cache", True, layout.kv_layout, box_rows)
