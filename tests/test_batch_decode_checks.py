@@ -213,9 +213,9 @@ def test_a_short_call_of_few_ctas_is_one_decode_tiny_launch(offline, layout):
     assert tuple(o.shape) == (B, hq, d) and tuple(lse.shape) == (B, hq)
     ((name, grid, block, smem, args, spec),) = offline["launches"]
     assert name == "decode_tiny" and spec.template == "decode_tiny" and spec.param_dict["HEADS"] == 4
-    streams = decode.TINY_STREAMS   # D 128: 16 threads a row, 2 heads side by side, of 4 compiled
-    assert (spec.param_dict["HY"], spec.param_dict["HZ"]) == (2, streams) and grid == (1, hkv, B)
-    assert block == (16 * 2 * streams, 1, 1) and smem == decode.tiny_smem_bytes(d, decode.TINY_MAX_ROWS, 4, streams)
+    # D 128, 4 heads compiled: 16 threads a row, 4 heads side by side (one a thread) in 4 streams
+    assert (spec.param_dict["HY"], spec.param_dict["HZ"]) == (4, 4) and grid == (1, hkv, B)
+    assert block == (256, 1, 1) and smem == decode.tiny_smem_bytes(d, decode.TINY_MAX_ROWS, 4, 4)
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_tiny", spec.param_dict, "decode_tiny")
     row, head = (hkv * d, d) if layout == "NHD" else (d, S * d)
     assert args[3:11] == (k.ptr, v.ptr, S * hkv * d, row, head, S * hkv * d, row, head)
@@ -343,8 +343,8 @@ def test_decode_family_registers_every_kernel_the_planner_picks():
     from pykda.ops.paged_decode import PAGE_SIZES
     registered = registry.specs("decode", "sm_90a")
     tiny = [s for s in registered if s.template == "decode_tiny"]
-    # groups 1, 2, 4, 8 within TINY_MAX_COLUMNS: 4 at D 64, 3 at D 128, 2 at D 256
-    assert len(tiny) == len(set(tiny)) == len(decode.DTYPES) * (4 + 3 + 2)
+    # groups 1, 2, 4, 8 within TINY_MAX_COLUMNS: 4 at D 64 and 128, 3 at D 256
+    assert len(tiny) == len(set(tiny)) == len(decode.DTYPES) * (4 + 4 + 3)
     specs = [s for s in registered if s.template == "decode"]
     kinds = 2 + len(decode.CLUSTERS)   # unsplit, merged by decode_merge, merged in each cluster size
     # transposed, one stage: tiles of 32 rows (ONE_TILE_SHORT_ROWS) and the short tile; head dim 64's of 128 rows too

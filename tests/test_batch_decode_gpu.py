@@ -136,7 +136,9 @@ def checked_call(B, S, hq, hkv, d, dtype, layout, lens, seed, **kwargs):
 TINY_CASES = [(1, 1, 32, 8, 64, "bfloat16", "NHD"), (5, 17, 24, 8, 128, "float16", "HND"),
               (4, 32, 16, 8, 256, "bfloat16", "NHD"), (3, 15, 16, 16, 64, "float16", "HND"),
               (2, 32, 4, 2, 128, "bfloat16", "HND"), (1, 31, 5, 1, 64, "float16", "NHD"),
-              (2, 9, 64, 8, 64, "bfloat16", "HND")]
+              (2, 9, 64, 8, 64, "bfloat16", "HND"),
+              (3, 20, 64, 8, 128, "float16", "NHD"), (2, 32, 12, 3, 256, "bfloat16", "HND"),   # 2 heads a thread
+              (33, 7, 32, 8, 64, "bfloat16", "HND")]   # 264 units: two an SM
 
 
 @pytest.mark.parametrize("B, S, hq, hkv, d, dtype, layout", TINY_CASES)

@@ -63,17 +63,17 @@ TMA_MIN_PAGE = 16     # pages of fewer rows are gathered with cp.async rather th
 PADDED_BOX_ROWS = 16
 TRANSPOSED_MAX_HEADS = 8   # CTAs of at most this many query heads run the transposed products
 # decode_tiny (decode_tiny.cu.j2): a padded cache's sequences of at most TINY_MAX_ROWS rows, in CTAs of
-# at most TINY_MAX_COLUMNS query-head columns (its compiled heads x head dim), where the call is at most
-# TINY_MAX_UNITS_PER_SM units an SM (its time is a CTA's fixed cost, not the stream): no pipeline, dot
-# products on CUDA cores
+# at most TINY_MAX_HEADS heads and TINY_MAX_COLUMNS query-head columns (its compiled heads x head dim),
+# where the call is at most TINY_MAX_UNITS_PER_SM units an SM (its time is a CTA's fixed cost, not the
+# stream): no pipeline, dot products on CUDA cores
 TINY_MAX_ROWS = 32
-TINY_MAX_COLUMNS = 512   # groups up to 8 at D 64, 4 at D 128, 2 at D 256 (so one head block). H100, µs,
-                         # decode_tiny / the pipeline: 32/8 KV 17 D 128 6.30 / 7.01, but 64/8 KV 32 D 128
-                         # 7.78 / 7.14 (four heads a thread)
-TINY_MAX_UNITS_PER_SM = 1
-TINY_STREAMS = 8      # decode_tiny's row streams (4 rows each at 32 rows). 4 are faster where a thread then
-                      # holds several heads (docs/studies/decode_tiny/streams_rule.patch, not yet GPU-tested)
-TINY_THREADS = 256    # at most, with heads side by side up to the group
+TINY_MAX_HEADS = 8       # groups (so one head block)
+TINY_MAX_COLUMNS = 1024  # groups up to 8 at D 128, 4 at D 256. H100, µs, decode_tiny / the pipeline:
+                         # 32/8 KV 17 D 256 6.53 / 7.73, 8/1 KV 17 D 128 6.37 / 7.33, 64/8 KV 32 6.58 / 7.04
+TINY_MAX_UNITS_PER_SM = 2   # H100, µs, decode_tiny / the pipeline, 32/8 KV 32~ D 128: 32 sequences (256 units)
+                            # 7.68 / 8.35, 64 (512) 10.11 / 9.36
+TINY_STREAMS = (8, 4)  # decode_tiny's row streams (of 4 or 8 rows): 8 where a thread then holds one head, else 4
+TINY_THREADS = 256     # at most, with heads side by side up to the group
 _REGS_GUESS = {(64, False): 96, (128, False): 152, (256, False): 240,   # per thread, for the occupancy
                (64, True): 96, (128, True): 128, (256, True): 168}       # estimate, by (D, transposed)
 
@@ -183,6 +183,16 @@ def tiny_threads(head_dim: int, heads: int, streams: int) -> int:
     return x * min(heads, max(1, TINY_THREADS // (x * streams))) * streams
 
 
+def tiny_streams(head_dim: int, heads: int) -> int:
+    """decode_tiny's row streams: TINY_STREAMS' first where each thread then holds one of the compiled
+    `heads`, else its second (twice the heads side by side, twice the rows a stream). H100, µs, 8 / 4
+    streams: 32/8 heads KV 17 D 64 5.60 / 5.54, KV 32 5.63 / 5.63, 32/32 KV 17 D 128 5.50 / 5.63
+    (one head a thread at 8); 32/8 KV 17 D 128 6.24 / 5.84, D 256 7.39 / 6.53, 8/1 KV 17 D 128 7.14 /
+    6.37, 64/8 KV 32 D 128 7.39 / 6.58 (two to eight heads a thread at 8)."""
+    many, few = TINY_STREAMS
+    return many if tiny_threads(head_dim, heads, many) // (head_dim // 8 * many) >= heads else few
+
+
 def tiny_heads(heads_per_cta: int) -> int:
     """decode_tiny's compiled heads for a CTA of `heads_per_cta`: the power of two at or above (a
     kernel serves groups 1, 2, 3-4 and 5-8)."""
@@ -191,8 +201,10 @@ def tiny_heads(heads_per_cta: int) -> int:
 
 def tiny_pays(p: DecodeProblem, heads_per_cta: int, units: int, sm_count: int) -> bool:
     """Whether decode_tiny runs a padded cache's call: every sequence within TINY_MAX_ROWS rows, CTAs
-    of at most TINY_MAX_COLUMNS query-head columns, at most TINY_MAX_UNITS_PER_SM units an SM."""
-    return (p.kv_len <= TINY_MAX_ROWS and tiny_heads(heads_per_cta) * p.head_dim <= TINY_MAX_COLUMNS
+    of at most TINY_MAX_HEADS heads and TINY_MAX_COLUMNS query-head columns, at most
+    TINY_MAX_UNITS_PER_SM units an SM."""
+    return (p.kv_len <= TINY_MAX_ROWS and heads_per_cta <= TINY_MAX_HEADS
+            and tiny_heads(heads_per_cta) * p.head_dim <= TINY_MAX_COLUMNS
             and units <= TINY_MAX_UNITS_PER_SM * sm_count)
 
 
@@ -358,10 +370,11 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
     units = p.batch * p.kv_heads * head_blocks
     if tiny and chunk_size is None and stages is None and not balanced and tiny_pays(p, heads_per_cta, units, sm_count):
         heads = tiny_heads(heads_per_cta)
+        streams = tiny_streams(p.head_dim, heads)
         return DecodePlan(chunk=TINY_MAX_ROWS, block_n=TINY_MAX_ROWS, stages=1, n_chunks=1, head_blocks=head_blocks,
                           heads_per_cta=heads_per_cta, merge_warps=1,
-                          warps=tiny_threads(p.head_dim, heads, TINY_STREAMS) // 32, tiny=True, streams=TINY_STREAMS,
-                          smem=tiny_smem_bytes(p.head_dim, TINY_MAX_ROWS, heads, TINY_STREAMS))
+                          warps=tiny_threads(p.head_dim, heads, streams) // 32, tiny=True, streams=streams,
+                          smem=tiny_smem_bytes(p.head_dim, TINY_MAX_ROWS, heads, streams))
     stages = stages or (1 if one_tile else decode_stages(p.head_dim, units, sm_count, gathered))
     if one_tile and stages == 1 and p.kv_len <= ONE_TILE_SHORT_ROWS:
         block_n = ONE_TILE_SHORT_ROWS

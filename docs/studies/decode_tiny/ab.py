@@ -19,7 +19,7 @@ except ImportError:
 def limits(rows: int, units_per_sm: int, streams: int = 8):
     """Calls made after this take decode_tiny within `rows` rows and `units_per_sm` units an SM, in
     `streams` row streams."""
-    decode.TINY_MAX_ROWS, decode.TINY_MAX_UNITS_PER_SM, decode.TINY_STREAMS = rows, units_per_sm, streams
+    decode.TINY_MAX_ROWS, decode.TINY_MAX_UNITS_PER_SM, decode.TINY_STREAMS = rows, units_per_sm, (streams, streams)
     decode.plan_decode.cache_clear()
     decode.PREPARED.clear()
 
@@ -69,7 +69,7 @@ for B, hq, hkv, D, S in SHAPES:
         err = ((out.reshape(ref.shape).float() - ref).norm() / ref.norm()).item()
         assert err < 1e-2, (name, B, hq, hkv, D, S, err)
         us[name] = timer.median_us(fn, warmup=5, repeats=50)
-    limits(32, 1)
+    limits(32, 2)
     p = decode.DecodeProblem(S, hq, hkv, D, "bfloat16", B)
     planned = decode.plan_decode(p, 132, 233472, uneven=B > 1, balanced=None, tiny=True).tiny
     shape = f"{B}x{hq}/{hkv} D{D} S{S}"
