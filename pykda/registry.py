@@ -23,9 +23,9 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
     gathered below 16 rows), and CTAs of at most 8 query heads (transposed products: 32/8 heads) or
     more (64/4). Padded caches also take each chunked kernel with its chunks' last tiles in boxes
     of PADDED_BOX_ROWS rows (a batch with lengths on the device, which any of them may run). And
-    decode_tiny, the short padded calls' kernel: a head dim, a dtype and a group of 1, 2, 4 or 8 (those
-    within its TINY_MAX_COLUMNS)."""
-    from .ops.decode import (CLUSTERS, DTYPES, HEAD_DIMS, PADDED_BOX_ROWS, TILE_ROWS, TINY_MAX_ROWS, DecodeProblem,
+    decode_tiny, the short padded calls' kernel: rows (TINY_ROWS), a head dim, a dtype and a group of 1,
+    2, 4 or 8 (those within its TINY_MAX_COLUMNS)."""
+    from .ops.decode import (CLUSTERS, DTYPES, HEAD_DIMS, PADDED_BOX_ROWS, TILE_ROWS, TINY_ROWS, DecodeProblem,
                              decode_spec, decode_stages, is_gathered, plan_decode)
     from .ops.paged_decode import PAGE_SIZES
 
@@ -55,9 +55,9 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
                     # the balanced split
                     yield decode_spec(many, plan_decode(many, H200_SMS, H200_SMEM_PER_SM, balanced=True, stages=stages),
                                       arch, page)
-    # decode_tiny: one sequence within its rows, a kernel for each head dim, dtype and compiled group it takes
-    for d, dt, group in itertools.product(HEAD_DIMS, DTYPES, (1, 2, 4, 8)):
-        plan = plan_decode(p := DecodeProblem(TINY_MAX_ROWS, 8 * group, 8, d, dt), H200_SMS, H200_SMEM_PER_SM, tiny=True)
+    # decode_tiny: a kernel for each of its row counts, head dims, dtypes and compiled groups it takes
+    for rows, d, dt, group in itertools.product(TINY_ROWS, HEAD_DIMS, DTYPES, (1, 2, 4, 8)):
+        plan = plan_decode(p := DecodeProblem(rows, 8 * group, 8, d, dt), H200_SMS, H200_SMEM_PER_SM, tiny=True)
         if plan.tiny:
             yield decode_spec(p, plan, arch)
 

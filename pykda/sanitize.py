@@ -68,6 +68,7 @@ TESTS = (
     # flash decoding, a padded batch (kv_lens on the device, NaN past each length)
     "tests/test_batch_decode_gpu.py::test_matches_reference[17-3-NHD-32-8-256-bfloat16]",   # lengths 17, 0, 1; D 256
     "tests/test_batch_decode_gpu.py::test_short_calls_run_decode_tiny_and_match_the_reference[3-20-64-8-128-float16-NHD]",  # decode_tiny, 2 heads a thread
+    "tests/test_batch_decode_gpu.py::test_short_calls_run_decode_tiny_and_match_the_reference[2-33-8-2-256-float16-NHD]",  # decode_tiny, 64 rows
     "tests/test_batch_decode_gpu.py::test_matches_reference[1000-3-HND-64-4-64-float16]",   # a group of 16 (not transposed)
     "tests/test_batch_decode_gpu.py::test_split_sequences_of_different_lengths_and_scale[64-4]",   # merge: 4 warps a row
     "tests/test_batch_decode_gpu.py::test_split_sequences_of_different_lengths_and_scale[512-1]",  # a warp a row

@@ -202,7 +202,7 @@ def test_split_batch_is_a_partial_launch_then_a_merge(offline, layout):
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_a_short_call_of_few_ctas_is_one_decode_tiny_launch(offline, layout):
-    """Sequences within TINY_MAX_ROWS rows, groups within TINY_MAX_COLUMNS, at most an SM's units:
+    """Sequences within TINY_ROWS rows, groups within TINY_MAX_COLUMNS, at most two units an SM:
     one decode_tiny launch, grid (1, KV heads, batch), its threads and the shared memory of its
     layout, the arguments typed as the kernel's parameters (K and V by pointer with their batch,
     row and head strides), no workspace and no tensor-map argument."""
@@ -215,7 +215,7 @@ def test_a_short_call_of_few_ctas_is_one_decode_tiny_launch(offline, layout):
     assert name == "decode_tiny" and spec.template == "decode_tiny" and spec.param_dict["HEADS"] == 4
     # D 128, 4 heads compiled: 16 threads a row, 4 heads side by side (one a thread) in 4 streams
     assert (spec.param_dict["HY"], spec.param_dict["HZ"]) == (4, 4) and grid == (1, hkv, B)
-    assert block == (256, 1, 1) and smem == decode.tiny_smem_bytes(d, decode.TINY_MAX_ROWS, 4, 4)
+    assert block == (256, 1, 1) and smem == decode.tiny_smem_bytes(d, 32, 4, 4)   # 32 rows hold 17
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_tiny", spec.param_dict, "decode_tiny")
     row, head = (hkv * d, d) if layout == "NHD" else (d, S * d)
     assert args[3:11] == (k.ptr, v.ptr, S * hkv * d, row, head, S * hkv * d, row, head)
@@ -343,8 +343,8 @@ def test_decode_family_registers_every_kernel_the_planner_picks():
     from pykda.ops.paged_decode import PAGE_SIZES
     registered = registry.specs("decode", "sm_90a")
     tiny = [s for s in registered if s.template == "decode_tiny"]
-    # groups 1, 2, 4, 8 within TINY_MAX_COLUMNS: 4 at D 64 and 128, 3 at D 256
-    assert len(tiny) == len(set(tiny)) == len(decode.DTYPES) * (4 + 4 + 3)
+    # each of TINY_ROWS, groups 1, 2, 4, 8 within TINY_MAX_COLUMNS: 4 at D 64 and 128, 3 at D 256
+    assert len(tiny) == len(set(tiny)) == len(decode.TINY_ROWS) * len(decode.DTYPES) * (4 + 4 + 3)
     specs = [s for s in registered if s.template == "decode"]
     kinds = 2 + len(decode.CLUSTERS)   # unsplit, merged by decode_merge, merged in each cluster size
     # transposed, one stage: tiles of 32 rows (ONE_TILE_SHORT_ROWS) and the short tile; head dim 64's of 128 rows too

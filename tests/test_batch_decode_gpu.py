@@ -138,7 +138,9 @@ TINY_CASES = [(1, 1, 32, 8, 64, "bfloat16", "NHD"), (5, 17, 24, 8, 128, "float16
               (2, 32, 4, 2, 128, "bfloat16", "HND"), (1, 31, 5, 1, 64, "float16", "NHD"),
               (2, 9, 64, 8, 64, "bfloat16", "HND"),
               (3, 20, 64, 8, 128, "float16", "NHD"), (2, 32, 12, 3, 256, "bfloat16", "HND"),   # 2 heads a thread
-              (33, 7, 32, 8, 64, "bfloat16", "HND")]   # 264 units: two an SM
+              (33, 7, 32, 8, 64, "bfloat16", "HND"),   # 264 units: two an SM
+              (3, 64, 32, 8, 128, "bfloat16", "HND"), (1, 50, 32, 8, 64, "float16", "NHD"),   # kernels of 64 rows
+              (2, 33, 8, 2, 256, "float16", "NHD")]
 
 
 @pytest.mark.parametrize("B, S, hq, hkv, d, dtype, layout", TINY_CASES)

@@ -410,24 +410,29 @@ def test_paged_bench_shapes_take_head_dim_128_and_whole_pages():
 
 
 def test_decode_tiny_takes_short_padded_calls_of_few_units_only():
-    """decode_tiny where asked for (`tiny`: a padded cache), every sequence within TINY_MAX_ROWS
-    rows, compiled heads x head dim within TINY_MAX_COLUMNS, at most two units an SM, no chunk size, stages or
-    balanced split set; the pipeline otherwise. Its compiled heads: the group's power of two."""
+    """decode_tiny where asked for (`tiny`: a padded cache), every sequence within TINY_ROWS' last
+    rows, compiled heads x head dim within TINY_MAX_COLUMNS, units of at most 64 kernel rows an SM,
+    no chunk size, stages or balanced split set; the pipeline otherwise. Its rows: the least of
+    TINY_ROWS that hold the sequences. Its compiled heads: the group's power of two."""
     p = DecodeProblem(17, 32, 8, 64, "bfloat16")
     plan = plan_decode(p, **H200, tiny=True)
     assert plan.tiny and plan.n_chunks == 1 and not plan.split and plan.threads == 256   # 8 x 4 heads x 8 streams
+    assert decode.TINY_ROWS == (32, 64) and [plan_decode(p._replace(kv_len=n), **H200, tiny=True).block_n
+                                             for n in (1, 32, 33, 64)] == [32, 32, 64, 64]
     assert plan.streams == 8 and plan_decode(p._replace(head_dim=256), **H200, tiny=True).streams == 4
     assert decode.decode_spec(p, plan, "sm_90a").template == "decode_tiny"
     assert not plan_decode(p, **H200).tiny   # paged caches (and the default)
     for kwargs in (dict(chunk_size=64), dict(stages=1), dict(balanced=True)):
         assert not plan_decode(p, **H200, tiny=True, **kwargs).tiny, kwargs
     assert plan_decode(p, **H200, tiny=True, balanced=None).tiny
-    short = decode.TINY_MAX_ROWS
+    short = decode.TINY_ROWS[-1]
     assert decode.TINY_MAX_COLUMNS == 1024
     assert [plan_decode(p._replace(head_dim=d, q_heads=8 * g), **H200, tiny=True).tiny
             for d, g in ((64, 8), (128, 8), (256, 4), (256, 5))] == [True, True, True, False]
     for q in (p._replace(kv_len=short + 1), p._replace(q_heads=8 * 9),
               p._replace(batch=2 * 132 // 8 + 1)):
         assert not plan_decode(q, **H200, tiny=True).tiny, q
-    assert plan_decode(p._replace(kv_len=short, batch=2 * 132 // 8), **H200, tiny=True).tiny
+    assert plan_decode(p._replace(kv_len=32, batch=2 * 132 // 8), **H200, tiny=True).tiny
+    assert plan_decode(p._replace(kv_len=short, batch=132 // 8), **H200, tiny=True).tiny   # one unit of 64 rows an SM
+    assert not plan_decode(p._replace(kv_len=short, batch=132 // 8 + 1), **H200, tiny=True).tiny
     assert [decode.tiny_heads(g) for g in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]

@@ -62,16 +62,19 @@ TMA_MIN_PAGE = 16     # pages of fewer rows are gathered with cp.async rather th
 # cost chunks of many tiles up to 8 % (128 x 32/4 KV 1024~ D 256 74.6 -> 80.8), hence the tail maps.
 PADDED_BOX_ROWS = 16
 TRANSPOSED_MAX_HEADS = 8   # CTAs of at most this many query heads run the transposed products
-# decode_tiny (decode_tiny.cu.j2): a padded cache's sequences of at most TINY_MAX_ROWS rows, in CTAs of
+# decode_tiny (decode_tiny.cu.j2): a padded cache's sequences of at most TINY_ROWS[-1] rows, in CTAs of
 # at most TINY_MAX_HEADS heads and TINY_MAX_COLUMNS query-head columns (its compiled heads x head dim),
-# where the call is at most TINY_MAX_UNITS_PER_SM units an SM (its time is a CTA's fixed cost, not the
-# stream): no pipeline, dot products on CUDA cores
-TINY_MAX_ROWS = 32
+# where the call's units hold at most TINY_MAX_ROWS_PER_SM kernel rows an SM (its time is a CTA's fixed
+# cost, not the stream): no pipeline, dot products on CUDA cores
+TINY_ROWS = (32, 64)   # the kernels' rows: a call takes the least that holds its sequences (every lane
+                       # scores all of its stream's rows). H100, µs, 64 rows / the pipeline, 32/8 heads:
+                       # KV 64 D 64 5.82 / 6.34, D 128 6.58 / 6.75, 4 x KV 64~ D 128 6.94 / 7.74
 TINY_MAX_HEADS = 8       # groups (so one head block)
 TINY_MAX_COLUMNS = 1024  # groups up to 8 at D 128, 4 at D 256. H100, µs, decode_tiny / the pipeline:
                          # 32/8 KV 17 D 256 6.53 / 7.73, 8/1 KV 17 D 128 6.37 / 7.33, 64/8 KV 32 6.58 / 7.04
-TINY_MAX_UNITS_PER_SM = 2   # H100, µs, decode_tiny / the pipeline, 32/8 KV 32~ D 128: 32 sequences (256 units)
-                            # 7.68 / 8.35, 64 (512) 10.11 / 9.36
+TINY_MAX_ROWS_PER_SM = 64   # two units of 32 rows, one of 64. H100, µs, decode_tiny / the pipeline, 32/8 D 128:
+                            # 32 x KV 32~ (256 units) 7.68 / 8.35, 64 x (512) 10.11 / 9.36; 16 x KV 64~ (128)
+                            # 8.02 / 8.30, 32 x (256) 9.95 / 9.01
 TINY_STREAMS = (8, 4)  # decode_tiny's row streams (of 4 or 8 rows): 8 where a thread then holds one head, else 4
 TINY_THREADS = 256     # at most, with heads side by side up to the group
 _REGS_GUESS = {(64, False): 96, (128, False): 152, (256, False): 240,   # per thread, for the occupancy
@@ -199,13 +202,19 @@ def tiny_heads(heads_per_cta: int) -> int:
     return 1 << (heads_per_cta - 1).bit_length()
 
 
+def tiny_rows(kv_len: int) -> int:
+    """decode_tiny's rows for sequences of at most `kv_len` (within TINY_ROWS' last): the least of TINY_ROWS
+    that holds them."""
+    return next(r for r in TINY_ROWS if r >= kv_len)
+
+
 def tiny_pays(p: DecodeProblem, heads_per_cta: int, units: int, sm_count: int) -> bool:
-    """Whether decode_tiny runs a padded cache's call: every sequence within TINY_MAX_ROWS rows, CTAs
-    of at most TINY_MAX_HEADS heads and TINY_MAX_COLUMNS query-head columns, at most
-    TINY_MAX_UNITS_PER_SM units an SM."""
-    return (p.kv_len <= TINY_MAX_ROWS and heads_per_cta <= TINY_MAX_HEADS
+    """Whether decode_tiny runs a padded cache's call: every sequence within TINY_ROWS[-1] rows, CTAs
+    of at most TINY_MAX_HEADS heads and TINY_MAX_COLUMNS query-head columns, units of at most
+    TINY_MAX_ROWS_PER_SM kernel rows an SM."""
+    return (p.kv_len <= TINY_ROWS[-1] and heads_per_cta <= TINY_MAX_HEADS
             and tiny_heads(heads_per_cta) * p.head_dim <= TINY_MAX_COLUMNS
-            and units <= TINY_MAX_UNITS_PER_SM * sm_count)
+            and units * tiny_rows(p.kv_len) <= TINY_MAX_ROWS_PER_SM * sm_count)
 
 
 def transposed(heads_per_cta: int) -> bool:
@@ -370,11 +379,11 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
     units = p.batch * p.kv_heads * head_blocks
     if tiny and chunk_size is None and stages is None and not balanced and tiny_pays(p, heads_per_cta, units, sm_count):
         heads = tiny_heads(heads_per_cta)
-        streams = tiny_streams(p.head_dim, heads)
-        return DecodePlan(chunk=TINY_MAX_ROWS, block_n=TINY_MAX_ROWS, stages=1, n_chunks=1, head_blocks=head_blocks,
+        streams, rows = tiny_streams(p.head_dim, heads), tiny_rows(p.kv_len)
+        return DecodePlan(chunk=rows, block_n=rows, stages=1, n_chunks=1, head_blocks=head_blocks,
                           heads_per_cta=heads_per_cta, merge_warps=1,
                           warps=tiny_threads(p.head_dim, heads, streams) // 32, tiny=True, streams=streams,
-                          smem=tiny_smem_bytes(p.head_dim, TINY_MAX_ROWS, heads, streams))
+                          smem=tiny_smem_bytes(p.head_dim, rows, heads, streams))
     stages = stages or (1 if one_tile else decode_stages(p.head_dim, units, sm_count, gathered))
     if one_tile and stages == 1 and p.kv_len <= ONE_TILE_SHORT_ROWS:
         block_n = ONE_TILE_SHORT_ROWS

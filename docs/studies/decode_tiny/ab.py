@@ -1,7 +1,7 @@
 """decode_tiny (short padded calls of few CTAs, CUDA cores, no pipeline) against the pipeline kernel
 it replaces (decode_partial's one-tile plan: `chunk_size=64`: what the planner picked before) and
-FlashInfer's single / batch decode on both of its paths; then the limits (rows, units an SM) swept
-past the planner's. µs, cold L2, median of 50. Run after `source .peers/activate.sh`: `python ab.py`."""
+FlashInfer's single / batch decode on both of its paths; "tiny" in 8 row streams, "tiny4" in 4, both
+past the planner's limit of units an SM; the last column what the planner runs. µs, cold L2, median of 50. Run after `source .peers/activate.sh`: `python ab.py`."""
 import functools
 
 import torch
@@ -16,10 +16,13 @@ except ImportError:
     flashinfer = None
 
 
-def limits(rows: int, units_per_sm: int, streams: int = 8):
-    """Calls made after this take decode_tiny within `rows` rows and `units_per_sm` units an SM, in
-    `streams` row streams."""
-    decode.TINY_MAX_ROWS, decode.TINY_MAX_UNITS_PER_SM, decode.TINY_STREAMS = rows, units_per_sm, (streams, streams)
+DEFAULTS = decode.TINY_MAX_ROWS_PER_SM, decode.TINY_STREAMS
+
+
+def limits(rows_per_sm: int, streams: tuple[int, int]):
+    """Calls made after this take decode_tiny within `rows_per_sm` kernel rows an SM, in `streams` row
+    streams (TINY_STREAMS' pair)."""
+    decode.TINY_MAX_ROWS_PER_SM, decode.TINY_STREAMS = rows_per_sm, streams
     decode.plan_decode.cache_clear()
     decode.PREPARED.clear()
 
@@ -41,9 +44,9 @@ SHAPES = [  # (batch, Hq, Hkv, D, S); batch > 1: lengths uniform in 1..S (kv_len
     (1, 32, 8, 64, 1), (1, 32, 8, 64, 17), (1, 32, 8, 64, 32), (1, 32, 8, 128, 17), (1, 32, 8, 128, 32),
     (1, 32, 8, 256, 17), (1, 32, 32, 128, 17), (1, 64, 8, 128, 32), (1, 8, 1, 128, 17),
     (4, 32, 8, 128, 32), (16, 32, 8, 128, 32), (16, 32, 8, 64, 17), (32, 32, 8, 128, 32), (64, 32, 8, 128, 32),
-    (1, 32, 8, 64, 64), (1, 32, 8, 128, 64), (4, 32, 8, 128, 64)]
+    (1, 32, 8, 64, 48), (1, 32, 8, 64, 64), (1, 32, 8, 128, 64), (4, 32, 8, 128, 64), (16, 32, 8, 128, 64), (32, 32, 8, 128, 64)]
 NAMES = ("tiny", "tiny4", "pipe", "fi", "fi-tc")
-print(f"{'shape':>22} " + " ".join(f"{n:>7}" for n in NAMES) + "   tiny plan")
+print(f"{'shape':>22} " + " ".join(f"{n:>7}" for n in NAMES) + "   planner (rows, streams)")
 for B, hq, hkv, D, S in SHAPES:
     bf = torch.bfloat16
     g = torch.Generator(device="cuda").manual_seed(S + D + B)
@@ -64,13 +67,14 @@ for B, hq, hkv, D, S in SHAPES:
     ref = row["pipe"]().float()
     us = {}
     for name, fn in row.items():
-        limits(max(32, S), 4, 4 if name == "tiny4" else 8)   # ("tiny4": four row streams)
+        limits(256, (4, 4) if name == "tiny4" else (8, 8))
         out = fn()
         err = ((out.reshape(ref.shape).float() - ref).norm() / ref.norm()).item()
         assert err < 1e-2, (name, B, hq, hkv, D, S, err)
         us[name] = timer.median_us(fn, warmup=5, repeats=50)
-    limits(32, 2)
-    p = decode.DecodeProblem(S, hq, hkv, D, "bfloat16", B)
-    planned = decode.plan_decode(p, 132, 233472, uneven=B > 1, balanced=None, tiny=True).tiny
+    limits(*DEFAULTS)
+    plan = decode.plan_decode(decode.DecodeProblem(S, hq, hkv, D, "bfloat16", B), 132, 233472, uneven=B > 1,
+                              balanced=None, tiny=True)
+    planned = f"tiny ({plan.block_n}, {plan.streams})" if plan.tiny else "pipe"
     shape = f"{B}x{hq}/{hkv} D{D} S{S}"
     print(f"{shape:>22} " + " ".join(f"{us.get(n, float('nan')):7.2f}" for n in NAMES) + f"   {planned}", flush=True)
