@@ -479,7 +479,7 @@ class _GraphDriver:
     def set_params(self, exe, node, params_ref):
         pointers = ctypes.cast(params_ref._obj.params, ctypes.POINTER(ctypes.c_void_p))
         self.set.append((node.value, _read([pointers[i] for i in range(len(self.sig))], self.sig)))
-        return 0
+        return 1 if "set_params" in self.fail else 0
 
     def launch(self, exe, stream):
         self.launched.append((exe.value, stream))
@@ -538,6 +538,24 @@ def test_a_calls_second_launch_on_a_stream_goes_as_one_graph_with_that_calls_val
     assert (g1, g2, b1, s1, s2) == ((2, 1, 1), (4, 1, 1), 64, 512, 1024)
     assert len(graphs.launched) == 2
     assert graphs.modes_made_in == [2] and graphs.mode == 0   # made in relaxed capture mode, then restored
+    values.launch((12,), launches, 7)   # the values the nodes hold: launched as they are
+    assert len(graphs.set) == 4 and len(graphs.launched) == 3 and len(plain.calls) == 2
+    values.launch((11,), launches, 7)
+    assert graphs.set[-2:] == [(graphs.nodes[0][0], [11, 2]), (graphs.nodes[1][0], [11, 4])]
+    assert len(graphs.launched) == 4
+
+
+def test_a_graph_whose_parameters_were_refused_sets_them_again_next_call(monkeypatch):
+    """A failed cuGraphExecKernelNodeSetParams leaves the nodes' values unknown: that call goes one
+    by one, and the next with the same values sets them again before its graph launch."""
+    values, launches, plain, graphs = _two_bound_launches(monkeypatch)
+    values.launch((1,), launches, 7)
+    graphs.fail = {"set_params"}
+    values.launch((2,), launches, 7)
+    assert graphs.launched == [] and len(plain.calls) == 4
+    graphs.fail = set()
+    values.launch((2,), launches, 7)
+    assert [v for _, v in graphs.set[-2:]] == [[2, 2], [2, 4]] and len(graphs.launched) == 1
 
 
 def test_each_stream_gets_a_graph_of_its_own_and_a_captured_stream_launches_one_by_one(monkeypatch):

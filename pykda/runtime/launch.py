@@ -301,10 +301,11 @@ def _capturing(driver: _GraphDriver, stream: int, status: ctypes.c_int | None = 
 
 class LaunchGraph:
     """A call's launches (BoundLaunches, in order) as one CUDA graph executable, for one stream:
-    a chain of kernel nodes whose parameters are set, at every call, from the launches' own
-    pointer arrays (the call's values just packed), then one launch of the whole. Changing the
-    parameters leaves launches already enqueued as they were (the driver's contract)."""
-    __slots__ = ("driver", "graph", "exec", "_steps", "_status")
+    a chain of kernel nodes whose parameters are set from the launches' own pointer arrays (the
+    call's values just packed) at every call whose values differ from those the nodes hold, then
+    one launch of the whole. Changing the parameters leaves launches already enqueued as they
+    were (the driver's contract)."""
+    __slots__ = ("driver", "graph", "exec", "_steps", "_status", "_values", "_held")
 
     @classmethod
     def make(cls, launches: tuple, stream: int) -> "LaunchGraph | int":
@@ -327,6 +328,7 @@ class LaunchGraph:
     def __init__(self, driver: _GraphDriver, launches: tuple):
         import cupy
         self.driver, self.graph, self.exec, self._status = driver, ctypes.c_void_p(), None, ctypes.c_int()
+        self._values, self._held = launches[0].values.buffer, None   # the call's values; those the nodes hold
         nodes, params_of = [], []
         with cupy.cuda.Device(launches[0].kernel.device):
             self._check(driver.create(ctypes.byref(self.graph), 0), "cuGraphCreate")
@@ -357,9 +359,13 @@ class LaunchGraph:
         d, exe = self.driver, self.exec
         if _capturing(d, stream, self._status):   # (the caller's lock makes the status buffer this call's)
             return False
-        for node, params in self._steps:
-            if d.set_params(exe, node, params):
-                return False
+        values = self._values.raw
+        if values != self._held:   # (a call on the same arrays as the last skips the driver's copies)
+            self._held = None
+            for node, params in self._steps:
+                if d.set_params(exe, node, params):
+                    return False
+            self._held = values
         return d.launch(exe, stream) == 0
 
     def __del__(self):
