@@ -75,7 +75,7 @@ TINY_MAX_COLUMNS = 1024  # groups up to 8 at D 128, 4 at D 256. H100, µs, decod
 TINY_MAX_ROWS_PER_SM = 64   # two units of 32 rows, one of 64. H100, µs, decode_tiny / the pipeline, 32/8 D 128:
                             # 32 x KV 32~ (256 units) 7.68 / 8.35, 64 x (512) 10.11 / 9.36; 16 x KV 64~ (128)
                             # 8.02 / 8.30, 32 x (256) 9.95 / 9.01
-TINY_STREAMS = (8, 4)  # decode_tiny's row streams (of 4 or 8 rows): 8 where a thread then holds one head, else 4
+TINY_STREAMS = (8, 4)  # decode_tiny's row streams: 8 where a thread then holds one head, else 4
 TINY_THREADS = 256     # at most, with heads side by side up to the group
 _REGS_GUESS = {(64, False): 96, (128, False): 152, (256, False): 240,   # per thread, for the occupancy
                (64, True): 96, (128, True): 128, (256, True): 168}       # estimate, by (D, transposed)
