@@ -179,11 +179,16 @@ def tiny_smem_bytes(head_dim: int, rows: int, heads: int, streams: int) -> int:
     return (2 * rows + heads) * head_dim * 2 + streams * heads * (head_dim + 2) * 4
 
 
+def tiny_side_by_side(head_dim: int, heads: int, streams: int) -> int:
+    """decode_tiny's heads side by side (its HY): as many of the compiled `heads` as TINY_THREADS
+    allows beside head_dim / 8 threads along a row and `streams` row streams."""
+    return min(heads, max(1, TINY_THREADS // (head_dim // 8 * streams)))
+
+
 def tiny_threads(head_dim: int, heads: int, streams: int) -> int:
-    """decode_tiny's threads: head_dim / 8 along a row, times the heads side by side (as many of the
-    compiled `heads` as TINY_THREADS allows), times the row streams."""
-    x = head_dim // 8
-    return x * min(heads, max(1, TINY_THREADS // (x * streams))) * streams
+    """decode_tiny's threads: head_dim / 8 along a row, times the heads side by side, times the row
+    streams."""
+    return head_dim // 8 * tiny_side_by_side(head_dim, heads, streams) * streams
 
 
 def tiny_streams(head_dim: int, heads: int) -> int:
@@ -193,7 +198,7 @@ def tiny_streams(head_dim: int, heads: int) -> int:
     (one head a thread at 8); 32/8 KV 17 D 128 6.24 / 5.84, D 256 7.39 / 6.53, 8/1 KV 17 D 128 7.14 /
     6.37, 64/8 KV 32 D 128 7.39 / 6.58 (two to eight heads a thread at 8)."""
     many, few = TINY_STREAMS
-    return many if tiny_threads(head_dim, heads, many) // (head_dim // 8 * many) >= heads else few
+    return many if tiny_side_by_side(head_dim, heads, many) == heads else few
 
 
 def tiny_heads(heads_per_cta: int) -> int:
@@ -432,7 +437,8 @@ def decode_spec(p: DecodeProblem, plan: DecodePlan, arch: str, page_size: int = 
     if plan.tiny:
         return runtime.KernelSpec.make("decode_tiny", {
             "D": p.head_dim, "DTYPE": CTYPES[p.dtype], "ROWS": plan.block_n, "HEADS": tiny_heads(plan.heads_per_cta),
-            "HY": plan.threads // (p.head_dim // 8 * plan.streams), "HZ": plan.streams}, arch, kernels=("decode_tiny",))
+            "HY": tiny_side_by_side(p.head_dim, tiny_heads(plan.heads_per_cta), plan.streams), "HZ": plan.streams},
+            arch, kernels=("decode_tiny",))
     return runtime.KernelSpec.make("decode", {
         "D": p.head_dim, "DTYPE": CTYPES[p.dtype], "BLOCK_N": plan.block_n, "STAGES": plan.stages,
         "WARPS": plan.warps, "TRANSPOSED": transposed(plan.heads_per_cta), "SPLIT": plan.split, "PAGE": page_size,
