@@ -119,6 +119,24 @@ class BatchDecode:
             check_decode(o[b], lse[b], x["q"][b], x["k"][b], x["v"][b], n)
 
 
+class TinyBatchDecode(BatchDecode):
+    """batch_decode_with_padded_kv_cache of B sequences padded to 32 rows (32 query heads over 8 KV
+    heads): a short call that decode_tiny runs in one launch without a workspace."""
+    S = 32
+
+    def inputs(self, B):
+        return dict(q=torch.empty(B, 32, 128, device="cuda", dtype=torch.bfloat16),
+                    k=torch.empty(B, self.S, 8, 128, device="cuda", dtype=torch.bfloat16),
+                    v=torch.empty(B, self.S, 8, 128, device="cuda", dtype=torch.bfloat16),
+                    kv_lens=torch.empty(B, device="cuda", dtype=torch.int32))
+
+
+def assert_tiny(problems):
+    """decode_tiny runs each problem's calls (one kernel, no pipeline, no split)."""
+    dev = runtime.device_info(0)
+    assert all(plan_decode(p, dev.sm_count, dev.smem_per_sm, tiny=True).tiny for p in problems)
+
+
 def kda_inputs(B, T, H, K):
     bf = dict(device="cuda", dtype=torch.bfloat16)
     return dict(q=torch.empty(B, T, H, K, **bf), k=torch.empty(B, T, H, K, **bf), v=torch.empty(B, T, H, K, **bf),
@@ -326,6 +344,16 @@ def test_batch_decode_shared_pool_and_fresh_stream():
     shared_pool_and_fresh_stream(BatchDecode())
 
 
+def test_tiny_batch_decode_torch_idiom():
+    assert_tiny([DecodeProblem(TinyBatchDecode.S, 32, 8, 128, "bfloat16", SIZES[-1])])
+    torch_idiom(TinyBatchDecode())
+
+
+def test_tiny_batch_decode_shared_pool_and_fresh_stream():
+    assert_tiny([DecodeProblem(TinyBatchDecode.S, 32, 8, 128, "bfloat16", B) for B in SIZES])
+    shared_pool_and_fresh_stream(TinyBatchDecode())
+
+
 def test_fused_recurrent_kda_torch_idiom():
     torch_idiom(FusedRecurrentKda())
 
@@ -367,8 +395,8 @@ def test_torch_scratch_is_a_raw_block_of_torch_allocator_for_the_launch_stream()
     assert ptr != 0 and torch.cuda.memory_reserved() > reserved, "inside the capture: a segment of the graph's pool"
 
 
-@pytest.mark.parametrize("case, module", [(SingleDecode, "decode"), (BatchDecode, "decode"), (ChunkKda, "kda"),
-                                          (FusedRecurrentKda, "kda_decode")])
+@pytest.mark.parametrize("case, module", [(SingleDecode, "decode"), (BatchDecode, "decode"), (TinyBatchDecode, "decode"),
+                                          (ChunkKda, "kda"), (FusedRecurrentKda, "kda_decode")])
 def test_repeated_calls_go_as_one_graph_launch_with_each_calls_values(case, module):
     """After GRAPH_AFTER_CALLS calls of a prepared call on a stream, its launches go as one graph
     executable (runtime.LaunchGraph) whose kernel parameters are set anew each call: eager calls

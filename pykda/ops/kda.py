@@ -627,6 +627,15 @@ def longest_chunks(cu_seqlens_cpu, chunk_size: int) -> int:
     return -(-chunks // step) * step
 
 
+def host_entries(x) -> int | None:
+    """len(x) of a host sequence (its shape's first size where it has one: torch's len() is a
+    Python function, ~0.5 µs a call); None for a 0-d array or an object without a length."""
+    shape = getattr(x, "shape", None)
+    if shape is not None:
+        return shape[0] if len(shape) else None
+    return len(x) if hasattr(x, "__len__") else None
+
+
 def kernel_chunk(chunk_size) -> tuple[int, int]:
     """The kernels' chunk for a call's `chunk_size` (pykda's 16 or 32, or fla's 32 or 64: fla's
     64 runs chunks of 16) and the spacing of its checkpoints by default: fla's chunk (32 for 32,
@@ -723,9 +732,10 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
         if cu_seqlens is None:
             raise ValueError("cu_seqlens_cpu is given without cu_seqlens")
         shape = getattr(cu_seqlens, "shape", None)   # (validation names a bad cu_seqlens later)
-        if shape and hasattr(cu_seqlens_cpu, "__len__") and len(cu_seqlens_cpu) != shape[0]:
+        entries = host_entries(cu_seqlens_cpu)
+        if shape and entries is not None and entries != shape[0]:
             raise ValueError(f"cu_seqlens_cpu must be the host copy of cu_seqlens ({shape[0]} entries); got "
-                             f"{len(cu_seqlens_cpu)} entries")
+                             f"{entries} entries")
     if transpose_state_layout is not None:
         state_v_first = resolve_state_v_first(state_v_first, transpose_state_layout)
     longest = None   # a planning hint, read only where segments are possible (2 segments of the smallest size)
