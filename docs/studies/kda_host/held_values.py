@@ -6,24 +6,19 @@ new out or workspace pointer each call would make every launch copy its paramete
 call's host µs with the graph and one by one, alternated. Run from the repository root on the
 device: `PYTHONPATH=. python docs/studies/kda_host/held_values.py`.
 """
-import torch
+import os
+import sys
 
-from pykda.bench import kda as bench, timing
+from pykda.bench import timing
 from pykda.ops import kda
 from pykda.runtime import launch
 
+sys.path.insert(0, os.path.dirname(__file__))
+from breakdown import host_row_call  # noqa: E402
+
 
 def main():
-    H, lengths = bench.HOST_SHAPE
-    x, params, cu, _ = bench._inputs(H, lengths, False)
-    N = len(lengths)
-    pool = torch.zeros(2 * N, H, bench.D, bench.D, device="cuda")
-    idx = torch.arange(N, dtype=torch.int32, device="cuda")
-    seq = [x[n] for n in ("q", "k", "v", "g", "beta")]
-    cu_cpu = cu.cpu()
-    flags = dict(bench.FLAGS["softplus"])
-    call = lambda: kda.chunk_kda(*seq, **params, **flags, state_v_first=True, cu_seqlens=cu,  # noqa: E731
-                                 cu_seqlens_cpu=cu_cpu, initial_state=pool, state_indices=idx)
+    call = host_row_call()[0]
     for _ in range(launch.GRAPH_AFTER_CALLS + 2):
         call()
     prepared = kda.PREPARED.last[1]
