@@ -314,6 +314,30 @@ def test_sweep_rows_time_each_setting(monkeypatch, capsys):
     assert "auto" in capsys.readouterr().out
 
 
+def test_busy_host_us_times_bursts_behind_a_sleep_the_gpu_is_still_running(monkeypatch):
+    """Each burst's calls are made behind a GPU sleep; a burst the sleep did not outlast (the stream
+    idle at its end) is not counted and is made again behind a sleep four times as long."""
+    from pykda.bench import timing
+    events, idle_at_end = [], iter([True, False, False, False])
+
+    class Stream:
+        def query(self):
+            events.append("query")
+            return next(idle_at_end)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: events.append(("sleep", cycles)), raising=False)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: events.append("sync"))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
+    calls = []
+    us = timing.busy_host_us(lambda: calls.append(1), n=5, bursts=3)
+    assert len(calls) == 1 + 4 * 5, "the warm-up, then four bursts of five (the first not counted)"
+    sleeps = [e[1] for e in events if type(e) is tuple]
+    assert sleeps == [timing.BUSY_SLEEP_CYCLES] + [4 * timing.BUSY_SLEEP_CYCLES] * 3
+    assert events.count("query") == 4 and 0 < us < 1e4
+    idle_at_end = iter([True] * 10)   # never outlasted: named, not looped forever
+    with pytest.raises(RuntimeError, match="outlasted every GPU sleep"):
+        timing.busy_host_us(lambda: None, n=5, bursts=3)
+
+
 def test_timer_rejects_an_unknown_flush_before_allocating():
     from pykda.bench.timing import Timer
     with pytest.raises(ValueError, match=r"flush must be one of \('read', 'write'\); got 'evict'"):
@@ -382,6 +406,7 @@ def kda_bench_on_cpu(monkeypatch):
     monkeypatch.setattr(kbench.timing, "start", lambda flush="read": (_Timer(), 4.0))
     monkeypatch.setattr(kbench, "HOST_SHAPE", (2, [5, 3]))
     monkeypatch.setattr(kbench.timing, "host_us", lambda fn, n=300: (fn(), 12.5)[1])
+    monkeypatch.setattr(kbench.timing, "busy_host_us", lambda fn, n=100, bursts=7: (fn(), 9.5)[1])
     monkeypatch.setattr(kbench.timing, "graph_host_us", lambda fn, n=300: (fn(), 3.25)[1])
     monkeypatch.setattr(kbench, "chunk_kda", fake_chunk_kda(calls["pykda"]))
 
@@ -441,8 +466,9 @@ def test_bench_kda_gate_modes_pool_row_and_accuracy(kda_bench_on_cpu, capsys):
     out = capsys.readouterr().out
     assert kbench.UNBOUNDED in out and "pool in place (H=2 T=23 N=4, softplus gate, pool of 32 rows)" in out
     assert "accuracy, softplus gate" in out and "accuracy, safe gate" in out
-    assert result["host"] == dict(H=2, T=8, N=2, host_us=12.5, graph_us=3.25)
-    assert "host: chunk_kda (H=2 T=8 N=2, the pool, softplus gate): 12.5 µs per call, 3.2 µs per CUDA-graph" in out
+    assert result["host"] == dict(H=2, T=8, N=2, host_us=12.5, busy_us=9.5, graph_us=3.25)
+    assert ("host: chunk_kda (H=2 T=8 N=2, the pool, softplus gate): 12.5 µs per call with the GPU idle, 9.5 back "
+            "to back behind GPU work, 3.2 per CUDA-graph replay") in out
 
 
 def test_bench_kda_shapes_option_runs_the_rows_given(kda_bench_on_cpu):

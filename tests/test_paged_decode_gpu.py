@@ -10,6 +10,7 @@ import pytest
 
 import pykda
 from pykda import reference, runtime
+from pykda.ops import decode as pd
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -98,6 +99,23 @@ def test_matches_reference(page_size, layout, hq, hkv, d, dtype):
     check(o, lse, expected(q, k, v, tables, layout), lens, dtype)
 
 
+TINY_CASES = [(1, "NHD", 32, 8, 128, "bfloat16"), (8, "HND", 8, 8, 64, "float16"), (16, "NHD", 64, 8, 128, "bfloat16"),
+              (16, "HND", 16, 4, 256, "float16"), (64, "HND", 16, 16, 128, "bfloat16"), (128, "NHD", 8, 1, 64, "bfloat16")]
+
+
+@pytest.mark.parametrize("page_size, layout, hq, hkv, d, dtype", TINY_CASES)
+def test_short_requests_take_decode_tiny(page_size, layout, hq, hkv, d, dtype):
+    """Requests within TINY_PAGED_ROWS rows, few CTAs: decode_tiny copies their rows through the page
+    table (shuffled pages, shared prefix pages, an empty request, last pages partly filled, NaN in
+    every row no request reads)."""
+    lens = [17, 0, 1, pd.TINY_PAGED_ROWS, 31, min(page_size + 1, pd.TINY_PAGED_ROWS)]
+    p = pd.DecodeProblem(max(lens), hq, hkv, d, dtype, len(lens))
+    assert pd.plan_for(p, 0, None, None, page_size, uneven=True, balanced=None)[0].tiny
+    q, k, v, tables = make(lens, page_size, hq, hkv, d, dtype, layout, seed=page_size + d + hq)
+    o, lse = decode(q, k, v, tables, page_size, layout, hkv)
+    check(o, lse, expected(q, k, v, tables, layout), lens, dtype)
+
+
 # 192 rows = 3 tiles (not a power of two): with 128-row pages every other chunk starts mid-page
 @pytest.mark.parametrize("page_size, chunk_size", [(1, 64), (16, 64), (64, 64), (1, 192), (16, 192), (128, 192)])
 def test_split_requests_merge_with_scale(page_size, chunk_size):
@@ -164,10 +182,12 @@ def test_k_and_v_as_views_of_one_buffer(page_size):
     check(o, lse, expected(q, k, v, tables, "HND"), lens, "bfloat16")
 
 
-@pytest.mark.parametrize("page_size", [1, 16])
-def test_cuda_graph_replays_new_page_tables(page_size):
+@pytest.mark.parametrize("page_size, first", [(1, [3000, 1, 200]), (16, [3000, 1, 200]), (1, [17, 5, 30]),
+                                               (16, [17, 5, 30])])
+def test_cuda_graph_replays_new_page_tables(page_size, first):
     """A graph captured around run() reads the tables of the latest plan() (same batch size and
-    kv_indices buffer), requests longer than at capture included."""
+    kv_indices buffer), requests longer than at capture included (a capture of short requests is
+    decode_tiny's, which then takes the rows block by block)."""
     hq, hkv, d, capacity = 32, 8, 128, 13000 // page_size + 16   # pages enough for every table here
     nan = float("nan")
     q = torch.empty(3, hq, d, dtype=torch.bfloat16, device="cuda")
@@ -185,7 +205,7 @@ def test_cuda_graph_replays_new_page_tables(page_size):
         indices[: len(idx)] = torch.from_numpy(idx).cuda()
         dec.plan(indptr, indices, last, hq, hkv, d, page_size)
         return q2, k2, v2, (indptr, idx, last)
-    load([3000, 1, 200], 13)
+    load(first, 13)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):   # warm-up on the capture stream: compile, grow its workspace

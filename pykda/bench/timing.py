@@ -112,6 +112,37 @@ def host_us(fn, n=300) -> float:
     return statistics.median(times) * 1e6
 
 
+BUSY_SLEEP_CYCLES = 20_000_000   # the GPU sleep a burst of busy_host_us starts behind (~10 ms), grown where too short
+
+
+def busy_host_us(fn, n=100, bursts=7) -> float:
+    """Host µs per call of `fn` made back to back while the GPU is busy, as a serving loop makes
+    its calls while the GPU still runs earlier work: each burst of `n` calls is enqueued behind a
+    GPU sleep (torch.cuda._sleep) that outlasts it, so its kernels queue and the host never waits
+    on them; the median of `bursts` bursts' mean. (host_us's calls find the GPU idle: a launch
+    then costs the host more.) A burst that the sleep did not outlast is made again behind a
+    sleep four times as long."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    cycles, means = BUSY_SLEEP_CYCLES, []
+    while len(means) < bursts:
+        torch.cuda._sleep(cycles)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        mean = (time.perf_counter() - t0) / n
+        outlasted = not torch.cuda.current_stream().query()   # the sleep still runs: nothing waited on it
+        torch.cuda.synchronize()
+        if outlasted:
+            means.append(mean)
+        elif cycles >= 256 * BUSY_SLEEP_CYCLES:
+            raise RuntimeError("busy_host_us: a burst of calls outlasted every GPU sleep tried; fewer calls (n)?")
+        else:
+            cycles *= 4
+    return statistics.median(means) * 1e6
+
+
 def graph_host_us(fn, n=300) -> float:
     """Host µs per replay of a CUDA graph that holds one call of `fn` (captured after a warm-up)."""
     import torch

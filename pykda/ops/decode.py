@@ -62,7 +62,7 @@ TMA_MIN_PAGE = 16     # pages of fewer rows are gathered with cp.async rather th
 # cost chunks of many tiles up to 8 % (128 x 32/4 KV 1024~ D 256 74.6 -> 80.8), hence the tail maps.
 PADDED_BOX_ROWS = 16
 TRANSPOSED_MAX_HEADS = 8   # CTAs of at most this many query heads run the transposed products
-# decode_tiny (decode_tiny.cu.j2): a padded cache's sequences of at most TINY_ROWS[-1] rows, in CTAs of
+# decode_tiny (decode_tiny.cu.j2): a padded or paged cache's sequences of at most TINY_ROWS[-1] rows, in CTAs of
 # at most TINY_MAX_HEADS heads and TINY_MAX_COLUMNS query-head columns (its compiled heads x head dim),
 # where the call's units hold at most TINY_MAX_ROWS_PER_SM kernel rows an SM (its time is a CTA's fixed
 # cost, not the stream): no pipeline, dot products on CUDA cores
@@ -75,6 +75,10 @@ TINY_MAX_COLUMNS = 1024  # groups up to 8 at D 128, 4 at D 256. H100, µs, decod
 TINY_MAX_ROWS_PER_SM = 64   # two units of 32 rows, one of 64. H100, µs, decode_tiny / the pipeline, 32/8 D 128:
                             # 32 x KV 32~ (256 units) 7.68 / 8.35, 64 x (512) 10.11 / 9.36; 16 x KV 64~ (128)
                             # 8.02 / 8.30, 32 x (256) 9.95 / 9.01
+TINY_PAGED_ROWS = 32   # paged calls take decode_tiny within this many rows (each row's page id is a read before
+                       # its copy). H100, µs, decode_tiny / the pipeline, 32/8 D 128, pages of 16 (of 1): KV 17
+                       # 6.40 / 7.68 (6.90 / 7.74), 16 x KV 32~ 7.30 / 8.37; KV 64 7.58 / 7.55 (8.46 / 8.08),
+                       # 4 x KV 64~ 8.14 / 7.89
 TINY_STREAMS = (8, 4)  # decode_tiny's row streams: 8 where a thread then holds one head, else 4
 TINY_THREADS = 256     # at most, with heads side by side up to the group
 _REGS_GUESS = {(64, False): 96, (128, False): 152, (256, False): 240,   # per thread, for the occupancy
@@ -174,9 +178,9 @@ def smem_bytes(head_dim: int, block_n: int, stages: int) -> int:
 
 
 def tiny_smem_bytes(head_dim: int, rows: int, heads: int, streams: int) -> int:
-    """decode_tiny's dynamic shared memory: K, V [rows][D] and q [heads][D] (2-byte elements), the
-    row streams' o [streams][heads][D], m and l [streams][heads] (fp32)."""
-    return (2 * rows + heads) * head_dim * 2 + streams * heads * (head_dim + 2) * 4
+    """decode_tiny's dynamic shared memory: K, V [rows][D] (2-byte elements), the row streams' o
+    [streams][heads][D], m and l [streams][heads] (fp32)."""
+    return 2 * rows * head_dim * 2 + streams * heads * (head_dim + 2) * 4
 
 
 def tiny_side_by_side(head_dim: int, heads: int, streams: int) -> int:
@@ -214,7 +218,7 @@ def tiny_rows(kv_len: int) -> int:
 
 
 def tiny_pays(p: DecodeProblem, heads_per_cta: int, units: int, sm_count: int) -> bool:
-    """Whether decode_tiny runs a padded cache's call: every sequence within TINY_ROWS[-1] rows, CTAs
+    """Whether decode_tiny runs a call: every sequence within TINY_ROWS[-1] rows, CTAs
     of at most TINY_MAX_HEADS heads and TINY_MAX_COLUMNS query-head columns, units of at most
     TINY_MAX_ROWS_PER_SM kernel rows an SM."""
     return (p.kv_len <= TINY_ROWS[-1] and heads_per_cta <= TINY_MAX_HEADS
@@ -374,8 +378,10 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
     on the device; a CTA's share may cross sequences and heads, and decode_merge merges the units
     it splits. None: where `balanced_pays`, for uneven lengths and no chunk size given.
     `gathered`: pages gathered row by row, whose stages `decode_stages` chooses apart.
-    `tiny`: a padded cache, whose short calls decode_tiny may take (`tiny_pays`) when no chunk size,
-    stages or balanced split is asked for.
+    `tiny`: decode_tiny may take the call where it is short (`tiny_pays`) and no chunk size, stages
+    or balanced split is asked for (a padded cache, or a paged one within TINY_PAGED_ROWS rows:
+    `plan_for`; decode_tiny's kernel is the same for both, so the registry's paged kernels are
+    planned without it).
     """
     block_n = tile_rows(p.head_dim, p.kv_len)
     heads_per_cta = min(p.group, MAX_HEADS_PER_CTA)
@@ -545,10 +551,12 @@ KERNEL_SIGNATURE = (int, np.int64, np.int64, 128, 128, 128, 128, int, np.int32, 
 # warps per row, rows (B · query heads; balanced: CTAs · group), KV heads, batch
 MERGE_SIGNATURE = (int, int, int, np.int32, np.int32, np.int32, np.int32, int, np.int64, np.int64, int, np.int32,
                    np.int64, np.int32, np.int32)
-# decode_tiny's: q and its strides, k, v and their (batch, row, head) strides, kv_lens, kv_len, group,
-# scale, out and its strides, lse
+# decode_tiny's: q and its strides, k, v and their (batch or page, row, head) strides, kv_lens, kv_len,
+# group, scale, out and its strides, lse, and a paged cache's first page entries, page ids (both null:
+# padded), page count and log2 of the page size
 TINY_SIGNATURE = (int, np.int64, np.int64, int, int) + (np.int64,) * 6 + (int, np.int32, np.int32, np.float32, int,
-                                                                           np.int64, np.int64, int)
+                                                                           np.int64, np.int64, int, int, int,
+                                                                           np.int32, np.int32)
 # what a call gives its launches anew (runtime.CallValues), in this order (the kernels' names); all
 # else is the prepared call's
 CALL_VALUES = ("q", "k_map", "v_map", "k_tail_map", "v_tail_map", "kv_lens", "ws_o", "ws_lse", "out", "lse",
@@ -564,7 +572,7 @@ def plan_for(p: DecodeProblem, device: int, chunk_size: int | None, stages: int 
     kernel (paged with `page_size` > 0)."""
     dev = runtime.device_info(device)
     plan = plan_decode(p, dev.sm_count, dev.smem_per_sm, chunk_size, stages, uneven, balanced, is_gathered(page_size),
-                       tiny=page_size == 0)
+                       tiny=not page_size or p.kv_len <= TINY_PAGED_ROWS)
     if plan.smem > dev.smem_per_block_optin:
         raise ValueError(f"stages={plan.stages} needs {plan.smem} bytes of shared memory per block; "
                          f"the device allows {dev.smem_per_block_optin}")
@@ -637,7 +645,7 @@ def row_params(p: DecodeProblem, plan: DecodePlan, scale: float, max_rows: int) 
 
 def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q: DeviceArray, out: DeviceArray | None,
                 batched: bool, k_maps, v_maps, scale: float, max_rows: int, pages: tuple = NO_PAGES,
-                tail_maps: tuple | None = None, kv_strides: tuple = ()) -> DecodeCall:
+                tail_maps: tuple | None = None, kv_strides: tuple = (), page_size: int = 0) -> DecodeCall:
     """The prepared call of `plan`: the kernels of `spec` (compiled on first use) bound to their
     constants: q's and out's row strides (out given, or new and contiguous), the row
     parameters (`row_params`), a paged cache's page count and strides (`pages`) and the plan's
@@ -645,7 +653,7 @@ def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q:
     decode_partial. `k_maps`,
     `v_maps`: the tensor maps of K and V by address (TiledMaps; decode_tiny reads none); `tail_maps`, those of a segment's
     last, partial tile in boxes of plan.box_rows rows (None: the same); `kv_strides`, decode_tiny's
-    (batch, row, head) element strides of K, then V."""
+    (batch or page, row, head) element strides of K, then V; `page_size`, a paged cache's (0: padded)."""
     rows = (p.batch, p.q_heads) if batched else (p.q_heads,)
     out_strides = out.strides if out is not None else contiguous_strides(rows + (p.head_dim,))
     at = PER_CALL   # at["q"]: the argument the launch reads from the call's value "q"
@@ -654,7 +662,8 @@ def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q:
         i32 = np.int32
         args = (at["q"], *row_strides(q.strides, batched), at["k_cache"], at["v_cache"], *map(np.int64, kv_strides),
                 at["kv_lens"], i32(max_rows), i32(p.group), np.float32(scale), at["out"],
-                *row_strides(out_strides, batched), at["lse"])
+                *row_strides(out_strides, batched), at["lse"], at["kv_indptr"], at["kv_indices"], pages[0],
+                i32(max(page_size.bit_length() - 1, 0)))
         launches = (bound_launch(spec, q.device, values, "decode_tiny", TINY_SIGNATURE, args, plan.grid(p),
                                  plan.threads, plan.smem),)
         return DecodeCall(p, plan, values, launches, no_map, no_map, no_map, no_map, rows, 0, 0)

@@ -5,7 +5,9 @@ Request b's pages are `kv_indices[kv_indptr[b]:kv_indptr[b + 1]]`, in order; its
 `kv_last_page_len[b]` rows. The caches are `[num_pages, page_size, num_kv_heads, head_dim]`
 ("NHD") or `[num_pages, num_kv_heads, page_size, head_dim]` ("HND"). The kernel is the flash
 decoding kernel of `decode` with paged addressing (a template flag): pages of 16 rows or more
-arrive by TMA, a box per page per tile; smaller pages are gathered row by row with cp.async.
+arrive by TMA, a box per page per tile; smaller pages are gathered row by row with cp.async. A
+short call of few CTAs (every request within decode.TINY_PAGED_ROWS rows) runs decode_tiny, which
+copies its rows through the page table with cp.async.
 
 `plan()` reads the page table on the host once per batch layout (checks it, counts each
 request's rows) and copies the rows and page offsets to a device buffer of its own; `run()`
@@ -157,7 +159,8 @@ def prepare_paged(q, k, v, out, layout: PagedLayout) -> decode.DecodeCall:
         v_maps = decode.kv_tensor_maps(v, "v_cache", True, layout.kv_layout, box_rows)
         k_maps(k.ptr), v_maps(v.ptr)   # the geometries checked (TensorMapError names the cache) before any launch
     return decode.decode_call(p, plan, spec, q, out, True, k_maps, v_maps, layout.scale, MAX_ROWS,
-                              (np.int32(num_pages), np.int64(page_stride), np.int64(row_stride), np.int64(head_stride)))
+                              (np.int32(num_pages), np.int64(page_stride), np.int64(row_stride), np.int64(head_stride)),
+                              kv_strides=(page_stride, row_stride, head_stride) * 2, page_size=layout.page_size)
 
 
 ARGUMENTS = ("q", "k_cache", "v_cache", "out")
@@ -248,8 +251,9 @@ class BatchDecodeWithPagedKVCache:
         `batch_decode_with_padded_kv_cache`. `max_kv_len` (>= every request's rows) plans the
         chunk split for that length instead of the longest request's, so that plans of growing
         requests keep one layout (one compiled graph under torch.compile); None: the longest. A
-        plan whose requests fit in one tile streams through one stage of fewer warps: a graph of it
-        replayed over longer requests is right but slow, so plan such graphs with `max_kv_len`."""
+        plan of short requests runs decode_tiny (a few CTAs, within 32 rows) or, within one tile,
+        one stage of fewer warps: a graph of it replayed over longer requests is right but slow,
+        so plan such graphs with `max_kv_len`."""
         self._check_sizes(num_qo_heads, num_kv_heads, head_dim, page_size, stages)
         indices = _page_ids(kv_indices, "kv_indices", 1, "[num_page_entries]")
         indptr = host_int32(kv_indptr, "kv_indptr")

@@ -46,6 +46,8 @@ def host_row_call():
 def main():
     call, seq, params, flags, cu, cu_cpu, pool, idx = host_row_call()
     rows = [("chunk_kda call (launches as the call's graph)", timing.host_us(call)) for _ in range(3)]
+    rows += [("chunk_kda call back to back behind GPU work (busy_host_us)", timing.busy_host_us(call))
+             for _ in range(3)]
     objs = (*seq, params["A_log"], params["dt_bias"], pool, idx, None, cu, None, None, None)
     arrays = CallArrays(objs, kda.ARGUMENTS, kda.REQUIRED)
     rows.append(("CallArrays (11 arguments, 4 None)", loop_us(lambda: CallArrays(objs, kda.ARGUMENTS, kda.REQUIRED))))
@@ -114,9 +116,9 @@ def main():
             rows.append(("A/B: this tree's chunk_kda call", timing.host_us(call)))
     except ImportError:
         pass
-    print(f"{'piece':58s} {'host us':>8s}")
+    print(f"{'piece':62s} {'host us':>8s}")
     for name, us in rows:
-        print(f"{name:58s} {us:8.2f}")
+        print(f"{name:62s} {us:8.2f}")
 
 
 if __name__ == "__main__":
