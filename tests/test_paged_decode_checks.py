@@ -287,18 +287,20 @@ def test_run_is_a_partial_launch_then_a_merge_with_the_page_table(offline, page_
 @pytest.mark.parametrize("page_size", [1, 16, 128])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_a_short_run_of_few_ctas_is_one_decode_tiny_launch_through_the_page_table(offline, page_size, layout):
-    """Requests within TINY_PAGED_ROWS rows, few units: one decode_tiny launch (the padded calls'
-    kernel) reading the plan's rows per request and first page entries, the page ids, the page
-    count and log2 of the page size, with the pages' strides as its (batch, row, head) strides;
-    no workspace, no merge. A request of 33 rows keeps the pipeline."""
+    """Requests within `tiny_paged_rows` (fewer on gathered pages), few units: one decode_tiny
+    launch (the padded calls' kernel) reading the plan's rows per request and first page entries,
+    the page ids, the page count and log2 of the page size, with the pages' strides as its (batch,
+    row, head) strides; no workspace, no merge. A request of one row more keeps the pipeline."""
     B, hq, hkv, d, P = 3, 32, 8, 128, 50
-    lens = [17, 0, decode.TINY_PAGED_ROWS]
+    most = decode.tiny_paged_rows(page_size)
+    assert most == (decode.TINY_GATHERED_ROWS if page_size < 16 else decode.TINY_PAGED_ROWS)
+    lens = [17, 0, most]
     dec = planned(lens, hq, hkv, d, page_size, layout)
     k, v = caches(P, page_size, hkv, d, layout)
     o, lse = dec.run(arr((B, hq, d)), k, v, return_lse=True)
     assert tuple(o.shape) == (B, hq, d) and tuple(lse.shape) == (B, hq)
     ((name, grid, block, smem, args, spec),) = offline["launches"]
-    p = decode.DecodeProblem(decode.TINY_PAGED_ROWS, hq, hkv, d, "bfloat16", B)
+    p = decode.DecodeProblem(most, hq, hkv, d, "bfloat16", B)
     plan = decode.plan_decode(p, **H200, uneven=True, tiny=True)
     assert plan.tiny and spec == decode.decode_spec(p, plan, "sm_90a") and spec.template == "decode_tiny"
     assert name == "decode_tiny" and grid == (1, hkv, B) and block == (plan.threads, 1, 1) and smem == plan.smem
@@ -308,7 +310,7 @@ def test_a_short_run_of_few_ctas_is_one_decode_tiny_launch_through_the_page_tabl
     assert args[11:13] == (TABLES, paged_decode.MAX_ROWS), "rows per request from the plan, never clamped"
     assert args[19:] == (TABLES + 4 * B, INDICES, P, page_size.bit_length() - 1)
     assert offline["workspaces"] == []
-    planned([17, 0, decode.TINY_PAGED_ROWS + 1], hq, hkv, d, page_size, layout).run(arr((B, hq, d)), k, v)
+    planned([17, 0, most + 1], hq, hkv, d, page_size, layout).run(arr((B, hq, d)), k, v)
     assert offline["launches"][-1][0] == "decode_partial"
 
 
