@@ -237,11 +237,11 @@ def test_page_ids_outside_the_pool_read_zeros(page_size):
     check(o, lse, expected(q, k0, v0, (indptr, ref_indices, last), "NHD"), lens, "bfloat16")
 
 
-@pytest.mark.parametrize("page_size", [1, 16])
-def test_block_tables_equal_the_page_table(page_size):
+@pytest.mark.parametrize("page_size, lens", [(1, [1000, 0, 1, 300, 2500]), (16, [1000, 0, 1, 300, 2500]),
+                                              (1, [17, 0, 1, 30, 5]), (16, [17, 0, 1, 56, 5])])
+def test_block_tables_equal_the_page_table(page_size, lens):
     """vLLM's form (a [batch, max_blocks] view of a wider table, seq_lens) gives the page table's
-    output bit for bit on the same pages."""
-    lens = [1000, 0, 1, 300, 2500]
+    output bit for bit on the same pages, on the pipeline and on decode_tiny (short requests)."""
     q, k, v, tables = make(lens, page_size, 32, 8, 128, "bfloat16", "NHD", seed=11)
     o, lse = decode(q, k, v, tables, page_size, "NHD", 8)
     indptr, indices, _ = tables
