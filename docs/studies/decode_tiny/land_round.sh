@@ -1,5 +1,5 @@
 # Session 48, from the repository root on main (~4 min on an H100): the decode GPU files, memcheck and
-# racecheck of decode_tiny's listed case, ab.py, then both decode grids. Carry [".kc_48.tar.xz",
+# racecheck of decode_tiny's listed cases, ab.py and (session 49) paged_short.py, then both decode grids. Carry [".kc_48.tar.xz",
 # ".peers.tar.xz", ".fi_ws.tar.xz"] (`PYKDA_CACHE_DIR=.kc_48 python -m pykda compile --family decode`, packed).
 # `bash land_round.sh nogrid` leaves the grids out (~1.5 min).
 source docs/studies/flashinfer_warm/device_env.sh .kc_48
@@ -10,7 +10,9 @@ timeout 100 python -m pykda sanitize --tool memcheck,racecheck --shards 1 --time
   --log-dir /tmp/sanitize > $OUT/sanitize.log 2>&1
 grep -E "PASS|FAIL" $OUT/sanitize.log | cut -c1-200
 timeout 90 python docs/studies/decode_tiny/ab.py > $OUT/ab.log 2>&1
+timeout 60 python docs/studies/decode_tiny/paged_short.py > $OUT/paged_short.log 2>&1
 [ "$1" = nogrid ] || timeout 150 python -m pykda bench decode --grid --max-seconds 130 --json $OUT/grid.json > $OUT/grid.log 2>&1
 [ "$1" = nogrid ] || timeout 80 python -m pykda bench paged-decode --grid --max-seconds 65 --json $OUT/paged.json > $OUT/paged.log 2>&1
 grep -v Warn $OUT/ab.log | tail -20
 grep -E "^grid:|copy:" $OUT/grid.log; grep -E "^paged grid" $OUT/paged.log
+grep -v -i warn $OUT/paged_short.log | tail -9
