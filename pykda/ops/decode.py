@@ -80,7 +80,9 @@ TINY_GATHERED_ROWS = 32  # within this many on pages gathered row by row (each r
                          # its copy). H100, µs, decode_tiny / the pipeline (docs/studies/decode_tiny/paged_rows.py),
                          # 32/8 D 128: pages of 16, KV 33 7.31 / 7.89, 56 7.65 / 7.81, 64 8.02 / 8.06, 4 x KV
                          # 64~ 8.46 / 8.13; pages of 1, KV 17 6.90 / 7.74, 16 x KV 32~ 7.42 / 8.32, KV 33 8.46 /
-                         # 8.14, 48 8.54 / 8.29
+                         # 8.14, 48 8.54 / 8.29. With each thread's page ids read before its copies, pages of
+                         # 16 at KV 64 went to 7.73 / 7.82 (4 x KV 64~ 7.44 / 7.82): 64 is next to try, after a
+                         # GPU run of the tests at that length
 TINY_STREAMS = (8, 4)  # decode_tiny's row streams: 8 where a thread then holds one head, else 4
 TINY_THREADS = 256     # at most, with heads side by side up to the group
 _REGS_GUESS = {(64, False): 96, (128, False): 152, (256, False): 240,   # per thread, for the occupancy
