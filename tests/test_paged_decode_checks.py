@@ -309,6 +309,7 @@ def test_a_short_run_of_few_ctas_is_one_decode_tiny_launch_through_the_page_tabl
     assert args[3:11] == (K, V, page, row, head, page, row, head)
     assert args[11:13] == (TABLES, paged_decode.MAX_ROWS), "rows per request from the plan, never clamped"
     assert args[19:] == (TABLES + 4 * B, INDICES, P, page_size.bit_length() - 1)
+    assert all(p & (p - 1) == 0 for p in paged_decode.PAGE_SIZES), "decode_tiny finds a row's page by shifts"
     assert offline["workspaces"] == []
     planned([17, 0, most + 1], hq, hkv, d, page_size, layout).run(arr((B, hq, d)), k, v)
     assert offline["launches"][-1][0] == "decode_partial"
