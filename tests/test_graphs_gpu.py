@@ -89,13 +89,17 @@ class BatchDecode:
     """batch_decode_with_padded_kv_cache of B sequences padded to 1024 rows, lengths on the device;
     rows past a length hold NaN. The outputs are made by the call (inside a capture: from the
     graph's pool)."""
-    S = 1024
+    S, HQ, HKV = 1024, 8, 2
     sizes = SIZES
 
+    @classmethod
+    def problem(cls, B):
+        return DecodeProblem(cls.S, cls.HQ, cls.HKV, 128, "bfloat16", B)
+
     def inputs(self, B):
-        return dict(q=torch.empty(B, 8, 128, device="cuda", dtype=torch.bfloat16),
-                    k=torch.empty(B, self.S, 2, 128, device="cuda", dtype=torch.bfloat16),
-                    v=torch.empty(B, self.S, 2, 128, device="cuda", dtype=torch.bfloat16),
+        return dict(q=torch.empty(B, self.HQ, 128, device="cuda", dtype=torch.bfloat16),
+                    k=torch.empty(B, self.S, self.HKV, 128, device="cuda", dtype=torch.bfloat16),
+                    v=torch.empty(B, self.S, self.HKV, 128, device="cuda", dtype=torch.bfloat16),
                     kv_lens=torch.empty(B, device="cuda", dtype=torch.int32))
 
     def refill(self, x, seed):
@@ -122,13 +126,7 @@ class BatchDecode:
 class TinyBatchDecode(BatchDecode):
     """batch_decode_with_padded_kv_cache of B sequences padded to 32 rows (32 query heads over 8 KV
     heads): a short call that decode_tiny runs in one launch without a workspace."""
-    S = 32
-
-    def inputs(self, B):
-        return dict(q=torch.empty(B, 32, 128, device="cuda", dtype=torch.bfloat16),
-                    k=torch.empty(B, self.S, 8, 128, device="cuda", dtype=torch.bfloat16),
-                    v=torch.empty(B, self.S, 8, 128, device="cuda", dtype=torch.bfloat16),
-                    kv_lens=torch.empty(B, device="cuda", dtype=torch.int32))
+    S, HQ, HKV = 32, 32, 8
 
 
 def assert_tiny(problems):
@@ -335,22 +333,22 @@ def test_single_decode_shared_pool_and_fresh_stream():
 
 
 def test_batch_decode_torch_idiom():
-    assert_splits([DecodeProblem(BatchDecode.S, 8, 2, 128, "bfloat16", SIZES[-1])])
+    assert_splits([BatchDecode.problem(SIZES[-1])])
     torch_idiom(BatchDecode())
 
 
 def test_batch_decode_shared_pool_and_fresh_stream():
-    assert_splits([DecodeProblem(BatchDecode.S, 8, 2, 128, "bfloat16", B) for B in SIZES])
+    assert_splits([BatchDecode.problem(B) for B in SIZES])
     shared_pool_and_fresh_stream(BatchDecode())
 
 
 def test_tiny_batch_decode_torch_idiom():
-    assert_tiny([DecodeProblem(TinyBatchDecode.S, 32, 8, 128, "bfloat16", SIZES[-1])])
+    assert_tiny([TinyBatchDecode.problem(SIZES[-1])])
     torch_idiom(TinyBatchDecode())
 
 
 def test_tiny_batch_decode_shared_pool_and_fresh_stream():
-    assert_tiny([DecodeProblem(TinyBatchDecode.S, 32, 8, 128, "bfloat16", B) for B in SIZES])
+    assert_tiny([TinyBatchDecode.problem(B) for B in SIZES])
     shared_pool_and_fresh_stream(TinyBatchDecode())
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -297,9 +298,21 @@ def _pool_row(x, params, cu, h0, timer, floor_ms, gate=POOL_GATE) -> dict:
 HOST_SHAPE = (32, [200, 50, 1, 261])   # a chunked-prefill step: 4 packed sequences, the state pool
 
 
-def _host_row() -> dict:
-    """Host µs per chunk_kda call of a small serving step (torch tensors, the pool, Kimi Linear's
-    gate): with the GPU idle at each call, back to back behind GPU work, and as a CUDA-graph replay."""
+class HostCall(NamedTuple):
+    """The host row's chunk_kda call (`call()`, nothing to pass) and what it reads."""
+    call: Callable[[], tuple]
+    seq: list          # q, k, v, g, beta
+    params: dict       # A_log, dt_bias
+    flags: dict        # Kimi Linear's gate (FLAGS["softplus"])
+    cu: object
+    cu_cpu: object
+    pool: object
+    idx: object
+
+
+def host_call() -> HostCall:
+    """A small serving step's chunk_kda call (HOST_SHAPE, torch tensors, the pool, Kimi Linear's
+    gate): what `bench kda`'s host row times (and docs/studies/kda_host piece by piece)."""
     import torch
     H, lengths = HOST_SHAPE
     x, params, cu, _ = _inputs(H, lengths, False)
@@ -308,9 +321,18 @@ def _host_row() -> dict:
     idx = torch.arange(N, dtype=torch.int32, device="cuda")
     seq = [x[n] for n in ("q", "k", "v", "g", "beta")]
     cu_cpu = cu.cpu()
-    call = lambda: chunk_kda(*seq, **params, **FLAGS["softplus"], state_v_first=True, cu_seqlens=cu,  # noqa: E731
+    flags = dict(FLAGS["softplus"])
+    call = lambda: chunk_kda(*seq, **params, **flags, state_v_first=True, cu_seqlens=cu,  # noqa: E731
                              cu_seqlens_cpu=cu_cpu, initial_state=pool, state_indices=idx)
-    row = dict(H=H, T=sum(lengths), N=N)
+    return HostCall(call, seq, params, flags, cu, cu_cpu, pool, idx)
+
+
+def _host_row() -> dict:
+    """Host µs per chunk_kda call of `host_call`: with the GPU idle at each call, back to back behind
+    GPU work, and as a CUDA-graph replay."""
+    H, lengths = HOST_SHAPE
+    call = host_call().call
+    row = dict(H=H, T=sum(lengths), N=len(lengths))
     try:
         row["host_us"] = timing.host_us(call)
         row["busy_us"] = timing.busy_host_us(call)

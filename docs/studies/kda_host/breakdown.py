@@ -28,23 +28,8 @@ def loop_us(fn, n=2000, reps=7):
     return statistics.median(out)
 
 
-def host_row_call():
-    """bench kda's host-row call as a function of nothing, and its inputs (seq: q, k, v, g, beta)."""
-    H, lengths = bench.HOST_SHAPE
-    x, params, cu, _ = bench._inputs(H, lengths, False)
-    N = len(lengths)
-    pool = torch.zeros(2 * N, H, bench.D, bench.D, device="cuda")
-    idx = torch.arange(N, dtype=torch.int32, device="cuda")
-    seq = [x[n] for n in ("q", "k", "v", "g", "beta")]
-    cu_cpu = cu.cpu()
-    flags = dict(bench.FLAGS["softplus"])
-    call = lambda: kda.chunk_kda(*seq, **params, **flags, state_v_first=True, cu_seqlens=cu,  # noqa: E731
-                                 cu_seqlens_cpu=cu_cpu, initial_state=pool, state_indices=idx)
-    return call, seq, params, flags, cu, cu_cpu, pool, idx
-
-
 def main():
-    call, seq, params, flags, cu, cu_cpu, pool, idx = host_row_call()
+    call, seq, params, flags, cu, cu_cpu, pool, idx = bench.host_call()
     rows = [("chunk_kda call (launches as the call's graph)", timing.host_us(call)) for _ in range(3)]
     rows += [("chunk_kda call back to back behind GPU work (busy_host_us)", timing.busy_host_us(call))
              for _ in range(3)]

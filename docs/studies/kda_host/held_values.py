@@ -6,19 +6,13 @@ new out or workspace pointer each call would make every launch copy its paramete
 call's host µs with the graph and one by one, alternated. Run from the repository root on the
 device: `PYTHONPATH=. python docs/studies/kda_host/held_values.py`.
 """
-import os
-import sys
-
-from pykda.bench import timing
+from pykda.bench import kda as bench, timing
 from pykda.ops import kda
 from pykda.runtime import launch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from breakdown import host_row_call  # noqa: E402
-
 
 def main():
-    call = host_row_call()[0]
+    call = bench.host_call().call
     for _ in range(launch.GRAPH_AFTER_CALLS + 2):
         call()
     prepared = kda.PREPARED.last[1]
