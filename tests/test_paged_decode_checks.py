@@ -287,13 +287,12 @@ def test_run_is_a_partial_launch_then_a_merge_with_the_page_table(offline, page_
 @pytest.mark.parametrize("page_size", [1, 16, 128])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_a_short_run_of_few_ctas_is_one_decode_tiny_launch_through_the_page_table(offline, page_size, layout):
-    """Requests within `tiny_paged_rows` (fewer on gathered pages), few units: one decode_tiny
+    """Requests within 64 rows (decode_tiny's most, as for padded caches), few units: one decode_tiny
     launch (the padded calls' kernel) reading the plan's rows per request and first page entries,
     the page ids, the page count and log2 of the page size, with the pages' strides as its (batch,
     row, head) strides; no workspace, no merge. A request of one row more keeps the pipeline."""
     B, hq, hkv, d, P = 3, 32, 8, 128, 50
-    most = decode.tiny_paged_rows(page_size)
-    assert most == (decode.TINY_GATHERED_ROWS if page_size < 16 else decode.TINY_PAGED_ROWS)
+    most = decode.TINY_ROWS[-1]
     lens = [17, 0, most]
     dec = planned(lens, hq, hkv, d, page_size, layout)
     k, v = caches(P, page_size, hkv, d, layout)

@@ -105,10 +105,10 @@ TINY_CASES = [(1, "NHD", 32, 8, 128, "bfloat16"), (8, "HND", 8, 8, 64, "float16"
 
 @pytest.mark.parametrize("page_size, layout, hq, hkv, d, dtype", TINY_CASES)
 def test_short_requests_take_decode_tiny(page_size, layout, hq, hkv, d, dtype):
-    """Requests within `tiny_paged_rows`, few CTAs: decode_tiny copies their rows through the page
+    """Requests within decode_tiny's 64 rows, few CTAs: decode_tiny copies their rows through the page
     table (shuffled pages, shared prefix pages, an empty request, last pages partly filled, NaN in
     every row no request reads)."""
-    most = pd.tiny_paged_rows(page_size)
+    most = pd.TINY_ROWS[-1]
     lens = [17, 0, 1, most, 31, min(page_size + 1, most)]
     p = pd.DecodeProblem(max(lens), hq, hkv, d, dtype, len(lens))
     assert pd.plan_for(p, 0, None, None, page_size, uneven=True, balanced=None)[0].tiny

@@ -75,14 +75,9 @@ TINY_MAX_COLUMNS = 1024  # groups up to 8 at D 128, 4 at D 256. H100, µs, decod
 TINY_MAX_ROWS_PER_SM = 64   # two units of 32 rows, one of 64. H100, µs, decode_tiny / the pipeline, 32/8 D 128:
                             # 32 x KV 32~ (256 units) 7.68 / 8.35, 64 x (512) 10.11 / 9.36; 16 x KV 64~ (128)
                             # 8.02 / 8.30, 32 x (256) 9.95 / 9.01
-TINY_PAGED_ROWS = 56     # paged calls take decode_tiny within this many rows on pages that TMA reads, and
-TINY_GATHERED_ROWS = 32  # within this many on pages gathered row by row (each row's page id is a read before
-                         # its copy). H100, µs, decode_tiny / the pipeline (docs/studies/decode_tiny/paged_rows.py),
-                         # 32/8 D 128: pages of 16, KV 33 7.31 / 7.89, 56 7.65 / 7.81, 64 8.02 / 8.06, 4 x KV
-                         # 64~ 8.46 / 8.13; pages of 1, KV 17 6.90 / 7.74, 16 x KV 32~ 7.42 / 8.32, KV 33 8.46 /
-                         # 8.14, 48 8.54 / 8.29. With each thread's page ids read before its copies, pages of
-                         # 16 at KV 64 went to 7.73 / 7.82 (4 x KV 64~ 7.44 / 7.82): 64 is next to try, after a
-                         # GPU run of the tests at that length
+# paged calls take decode_tiny by the same rule: each thread reads all of its rows' page ids, then copies
+# them. H100, µs, decode_tiny / the pipeline (docs/studies/decode_tiny/paged_rows.py), 32/8 D 128 KV 64:
+# pages of 16 7.71 / 7.84, pages of 1 7.55 / 7.94; 4 x KV 64~ 7.49 / 7.94 and 7.65 / 8.35
 TINY_STREAMS = (8, 4)  # decode_tiny's row streams: 8 where a thread then holds one head, else 4
 TINY_THREADS = 256     # at most, with heads side by side up to the group
 _REGS_GUESS = {(64, False): 96, (128, False): 152, (256, False): 240,   # per thread, for the occupancy
@@ -219,11 +214,6 @@ def tiny_rows(kv_len: int) -> int:
     """decode_tiny's rows for sequences of at most `kv_len` (within TINY_ROWS' last): the least of TINY_ROWS
     that holds them."""
     return next(r for r in TINY_ROWS if r >= kv_len)
-
-
-def tiny_paged_rows(page_size: int) -> int:
-    """The most rows of a paged call that decode_tiny takes: fewer on pages gathered row by row."""
-    return TINY_GATHERED_ROWS if is_gathered(page_size) else TINY_PAGED_ROWS
 
 
 def tiny_pays(p: DecodeProblem, heads_per_cta: int, units: int, sm_count: int) -> bool:
@@ -388,9 +378,8 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
     it splits. None: where `balanced_pays`, for uneven lengths and no chunk size given.
     `gathered`: pages gathered row by row, whose stages `decode_stages` chooses apart.
     `tiny`: decode_tiny may take the call where it is short (`tiny_pays`) and no chunk size, stages
-    or balanced split is asked for (a padded cache, or a paged one within `tiny_paged_rows`:
-    `plan_for`; decode_tiny's kernel is the same for both, so the registry's paged kernels are
-    planned without it).
+    or balanced split is asked for (padded and paged caches alike: decode_tiny's kernel is the
+    same for both, so the registry's paged kernels are planned without it).
     """
     block_n = tile_rows(p.head_dim, p.kv_len)
     heads_per_cta = min(p.group, MAX_HEADS_PER_CTA)
@@ -581,7 +570,7 @@ def plan_for(p: DecodeProblem, device: int, chunk_size: int | None, stages: int 
     kernel (paged with `page_size` > 0)."""
     dev = runtime.device_info(device)
     plan = plan_decode(p, dev.sm_count, dev.smem_per_sm, chunk_size, stages, uneven, balanced, is_gathered(page_size),
-                       tiny=not page_size or p.kv_len <= tiny_paged_rows(page_size))
+                       tiny=True)
     if plan.smem > dev.smem_per_block_optin:
         raise ValueError(f"stages={plan.stages} needs {plan.smem} bytes of shared memory per block; "
                          f"the device allows {dev.smem_per_block_optin}")

@@ -6,9 +6,8 @@ Request b's pages are `kv_indices[kv_indptr[b]:kv_indptr[b + 1]]`, in order; its
 ("NHD") or `[num_pages, num_kv_heads, page_size, head_dim]` ("HND"). The kernel is the flash
 decoding kernel of `decode` with paged addressing (a template flag): pages of 16 rows or more
 arrive by TMA, a box per page per tile; smaller pages are gathered row by row with cp.async. A
-short call of few CTAs (every request within `decode.tiny_paged_rows`: 56 rows on pages of 16 or
-more, 32 on smaller ones) runs decode_tiny, which copies its rows through the page table with
-cp.async.
+short call of few CTAs (every request within 64 rows, as for padded caches: `decode.tiny_pays`)
+runs decode_tiny, which copies its rows through the page table with cp.async.
 
 `plan()` reads the page table on the host once per batch layout (checks it, counts each
 request's rows) and copies the rows and page offsets to a device buffer of its own; `run()`
@@ -252,7 +251,7 @@ class BatchDecodeWithPagedKVCache:
         `batch_decode_with_padded_kv_cache`. `max_kv_len` (>= every request's rows) plans the
         chunk split for that length instead of the longest request's, so that plans of growing
         requests keep one layout (one compiled graph under torch.compile); None: the longest. A
-        plan of short requests runs decode_tiny (a few CTAs, within 32 or 56 rows) or, within one tile,
+        plan of short requests runs decode_tiny (a few CTAs, within 64 rows) or, within one tile,
         one stage of fewer warps: a graph of it replayed over longer requests is right but slow,
         so plan such graphs with `max_kv_len`."""
         self._check_sizes(num_qo_heads, num_kv_heads, head_dim, page_size, stages)

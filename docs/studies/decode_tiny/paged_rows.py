@@ -22,8 +22,8 @@ for B, hq, hkv, D in ((1, 32, 8, 128), (1, 32, 32, 128), (4, 32, 8, 128), (1, 32
         row = []
         for page in (16, 1):
             (kp, vp), indptr, indices, last = shuffled_pages((k, v), lens, page, seed=page)
-            for rows in (64, 0):   # decode_tiny within 64 rows, or never (TMA and gathered pages alike)
-                decode.TINY_PAGED_ROWS = decode.TINY_GATHERED_ROWS = rows
+            for rows in ((32, 64), (0,)):   # decode_tiny within 64 rows, or never (TMA and gathered pages alike)
+                decode.TINY_ROWS = rows
                 paged_decode.PREPARED.clear()
                 dec = pykda.BatchDecodeWithPagedKVCache("HND")
                 dec.plan(indptr, indices, last, hq, hkv, D, page)
