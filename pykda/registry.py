@@ -23,11 +23,11 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
     gathered below 16 rows), and CTAs of at most 8 query heads (transposed products: 32/8 heads) or
     more (64/4). Padded caches also take each chunked kernel with its chunks' last tiles in boxes
     of PADDED_BOX_ROWS rows (a batch with lengths on the device, which any of them may run). And
-    decode_tiny, the short padded calls' kernel: rows (TINY_ROWS), a head dim, a dtype and a group of 1,
+    decode_tiny, the short calls' kernel (padded or paged): rows (TINY_ROWS), a head dim, a dtype and a group of 1,
     2, 4 or 8 (those within its TINY_MAX_COLUMNS)."""
     from .ops.decode import (CLUSTERS, DTYPES, HEAD_DIMS, PADDED_BOX_ROWS, TILE_ROWS, TINY_ROWS, DecodeProblem,
                              decode_spec, decode_stages, is_gathered, plan_decode)
-    from .ops.paged_decode import PAGE_SIZES
+    from .ops.paged_decode import PAGE_SIZES, snapshot_spec
 
     def spec(p, plan, page):   # and, for padded caches, the kernel with its tails in boxes
         yield decode_spec(p, plan, arch, page)
@@ -60,6 +60,7 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
         plan = plan_decode(p := DecodeProblem(rows, 8 * group, 8, d, dt), H200_SMS, H200_SMEM_PER_SM, tiny=True)
         if plan.tiny:
             yield decode_spec(p, plan, arch)
+    yield snapshot_spec(arch)   # plan()'s copy of each request's first page ids, for decode_tiny
 
 
 def kda_decode_specs(arch: str) -> Iterator[KernelSpec]:

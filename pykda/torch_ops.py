@@ -39,7 +39,7 @@ Two ways in, with pykda's keywords:
                                    ``return_lse=True``, else a placeholder
   batch_decode_with_padded_kv_cache  the same with a leading batch dim
   paged_decode_run                 the same with a leading batch dim; arguments (q, k_cache,
-                                   v_cache, tables, indices, the 11 ``PagedLayout`` fields in
+                                   v_cache, tables, indices, the 12 ``PagedLayout`` fields in
                                    order, out=None, *, return_lse=False): the plan of a
                                    ``BatchDecodeWithPagedKVCache`` is ``dec._tables``,
                                    ``dec._indices``, ``*dec._layout``; v_cache is required
@@ -190,14 +190,14 @@ def _(q, k, v, kv_lens=None, out=None, *, kv_layout="NHD", scale=None, return_ls
 @_register("paged_decode_run", mutates_args=("out",))
 def _paged_decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, tables: Tensor, indices: Tensor, batch: int,
                      q_heads: int, kv_heads: int, head_dim: int, page_size: int, kv_layout: str, max_rows: int,
-                     device: int, scale: float, chunk_size: Optional[int], stages: Optional[int],
+                     device: int, scale: float, chunk_size: Optional[int], stages: Optional[int], snap_width: int,
                      out: Optional[Tensor] = None, *, return_lse: bool = False) -> Tuple[Tensor, Tensor]:
     """pykda.BatchDecodeWithPagedKVCache.run as a torch op, the plan given by its tensors (the
     wrapper's int32 `_tables` and its page ids `_indices`) and the fields of its `PagedLayout`
-    (batch ... stages, in order); returns (o, lse), each a placeholder (0 elements) where `out`
+    (batch ... snap_width, in order); returns (o, lse), each a placeholder (0 elements) where `out`
     was written or no LSE was asked for."""
     layout = _paged.PagedLayout(batch, q_heads, kv_heads, head_dim, page_size, kv_layout, max_rows, device, scale,
-                                chunk_size, stages)
+                                chunk_size, stages, snap_width)
     tables_ptr, indices_ptr = _paged.planned_pointers(layout, tables, indices)
     r = _paged.run_planned(layout, tables_ptr, indices_ptr, q, k_cache, v_cache, out, return_lse)
     o, lse = r if return_lse else (r, None)
@@ -206,7 +206,7 @@ def _paged_decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, tables: Tensor
 
 @_paged_decode_op.register_fake
 def _(q, k_cache, v_cache, tables, indices, batch, q_heads, kv_heads, head_dim, page_size, kv_layout, max_rows,
-      device, scale, chunk_size, stages, out=None, *, return_lse=False):
+      device, scale, chunk_size, stages, snap_width, out=None, *, return_lse=False):
     return _decode_results(q, out, return_lse)
 
 

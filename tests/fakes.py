@@ -23,6 +23,11 @@ class FakeKernel:
     def __init__(self, name, spec, log):
         self.name, self.spec, self.log = name, spec, log
 
+    def launch(self, grid, block, args, smem, stream):
+        """An unbound launch (Kernel.launch), logged as a launcher's."""
+        launcher = self.launcher_for(signature(args))
+        launcher(launcher.config(grid, block, smem), args, stream)
+
     def launcher_for(self, sig):
         kernel = self
 

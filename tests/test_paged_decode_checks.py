@@ -137,7 +137,41 @@ def test_page_tables_may_be_lists(offline):
     dec = pykda.BatchDecodeWithPagedKVCache()
     dec.plan([0, 2, 2], arr((2,), "int32", ptr=INDICES), [3, 0], 8, 8, 64, 16)
     ((_, tables),) = offline["copies"]
-    assert tables.tolist() == [19, 0, 0, 2]
+    assert tables.tolist() == [19, 0, 0, 2] + [0, 1, -1, -1] + [-1] * 4, \
+        "rows, first page entries, then each request's entries of decode_tiny's 64 rows (4 pages)"
+
+
+def test_plan_copies_each_requests_first_page_ids_where_decode_tiny_may_run(offline):
+    """plan() of a batch that decode_tiny may run (short requests): after the rows and first page
+    entries, each request's page-table entries of decode_tiny's 64 rows (-1 past its pages), which
+    page_snapshot then turns into page ids on the device, in place. Block tables (their rows may
+    change under a graph), max_kv_len past 64 rows, a chunk size or stages, and batches too large
+    for decode_tiny copy none."""
+    lens = [1000, 0, 33, 64]
+    for page_size in (1, 16, 128):
+        offline["copies"].clear(), offline["launches"].clear()
+        dec = planned(lens, page_size=page_size)
+        width = -(-64 // page_size)
+        indptr, _, _ = table(lens, page_size)
+        ((tables_ptr, tables),) = offline["copies"]
+        pages = np.diff(indptr)
+        entries = [[int(indptr[b]) + j if j < pages[b] else -1 for j in range(width)] for b in range(4)]
+        assert tables.tolist() == lens + indptr[:-1].tolist() + sum(entries, [])
+        ((name, grid, block, smem, args, spec),) = offline["launches"]
+        assert name == "page_snapshot" and spec == paged_decode.snapshot_spec("sm_90a")
+        assert args == (TABLES + 8 * 4, INDICES, 4 * width) and block == (paged_decode.SNAPSHOT_THREADS, 1, 1)
+        assert grid == (-(-4 * width // paged_decode.SNAPSHOT_THREADS), 1, 1) and smem == 0
+        assert dec._layout.snap_width == width
+    for kw in (dict(max_kv_len=1000), dict(chunk_size=64), dict(stages=2)):
+        offline["copies"].clear(), offline["launches"].clear()
+        assert planned(lens, **kw)._layout.snap_width == 0
+        assert len(offline["copies"][0][1]) == 8 and offline["launches"] == []
+    assert planned([33, 0, 64], max_kv_len=64)._layout.snap_width == 4
+    assert planned([1] * 300, hkv=8)._layout.snap_width == 0, "2400 units: never decode_tiny"
+    offline["copies"].clear(), offline["launches"].clear()
+    dec = pykda.BatchDecodeWithPagedKVCache()
+    dec.plan_block_tables(arr((3, 4), "int32", ptr=INDICES), np.array([5, 0, 64], np.int32), 32, 8, 128, 16)
+    assert dec._layout.snap_width == 0 and offline["launches"] == [] and len(offline["copies"][0][1]) == 6
 
 
 def test_run_before_plan_is_refused():
@@ -206,9 +240,10 @@ def test_bad_run_arguments_raise_before_any_launch(offline, case, exc, message):
     elif case == "plan_device":
         q, out = arr((3, 32, 128), device=1), None
         k, v = (arr(x.shape, ptr=x.ptr, device=1) for x in (k, v))
+    planned_launches = list(offline["launches"])   # plan()'s own (page_snapshot)
     with pytest.raises(exc, match=message):
         dec.run(q, k, v, out=out)
-    assert offline["launches"] == []
+    assert offline["launches"] == planned_launches
 
 
 def test_max_kv_len_fixes_the_split_as_requests_grow(offline):
@@ -298,16 +333,18 @@ def test_a_short_run_of_few_ctas_is_one_decode_tiny_launch_through_the_page_tabl
     k, v = caches(P, page_size, hkv, d, layout)
     o, lse = dec.run(arr((B, hq, d)), k, v, return_lse=True)
     assert tuple(o.shape) == (B, hq, d) and tuple(lse.shape) == (B, hq)
-    ((name, grid, block, smem, args, spec),) = offline["launches"]
+    (snapshot, *_), (name, grid, block, smem, args, spec) = offline["launches"]   # plan()'s, then run()'s
     p = decode.DecodeProblem(most, hq, hkv, d, "bfloat16", B)
     plan = decode.plan_decode(p, **H200, uneven=True, tiny=True)
+    assert snapshot == "page_snapshot"
     assert plan.tiny and spec == decode.decode_spec(p, plan, "sm_90a") and spec.template == "decode_tiny"
     assert name == "decode_tiny" and grid == (1, hkv, B) and block == (plan.threads, 1, 1) and smem == plan.smem
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_tiny", spec.param_dict, "decode_tiny")
     page, row, head = (page_size * hkv * d, hkv * d, d) if layout == "NHD" else (hkv * page_size * d, d, page_size * d)
     assert args[3:11] == (K, V, page, row, head, page, row, head)
     assert args[11:13] == (TABLES, paged_decode.MAX_ROWS), "rows per request from the plan, never clamped"
-    assert args[19:] == (TABLES + 4 * B, INDICES, P, page_size.bit_length() - 1)
+    assert args[19:] == (TABLES + 4 * B, INDICES, P, page_size.bit_length() - 1, -(-most // page_size)), \
+        "first page entries, page ids, pages, log2 of the page size, the page ids copied after the entries"
     assert all(p & (p - 1) == 0 for p in paged_decode.PAGE_SIZES), "decode_tiny finds a row's page by shifts"
     assert offline["workspaces"] == []
     planned([17, 0, most + 1], hq, hkv, d, page_size, layout).run(arr((B, hq, d)), k, v)
@@ -323,10 +360,13 @@ def test_plan_again_rewrites_the_tables_in_place_while_they_fit(offline, monkeyp
     dec.plan(indptr, indices, last, 32, 8, 128, 16)   # same batch: the same buffer (a captured graph sees it)
     indptr, indices, last = table([5, 17], 16)
     dec.plan(indptr, indices, last, 32, 8, 128, 16)   # smaller: still fits
-    assert made == [(6,)] and [c[1].tolist() for c in offline["copies"]][1:] == [[5, 17, 1, 0, 1, 3], [5, 17, 0, 1]]
+    # rows, first entries, and 4 page ids of decode_tiny's 64 rows a request
+    copies = [c[1].tolist() for c in offline["copies"]][1:]
+    assert made == [(18,)] and [c[:6] for c in copies] == [[5, 17, 1, 0, 1, 3], [5, 17, 0, 1, 0, -1]]
+    assert [len(c) for c in copies] == [18, 12]
     indptr, indices, last = table([5, 17, 1, 1], 16)
     dec.plan(indptr, indices, last, 32, 8, 128, 16)
-    assert made == [(6,), (8,)]
+    assert made == [(18,), (24,)]
 
 
 def test_paged_variants_are_registered():

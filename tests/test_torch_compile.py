@@ -499,7 +499,7 @@ def set_cpu_plan(dec, lens, num_pages=64, seed=0, **kw):
     dec._tables[:tables.numel()].copy_(tables)
     dec._indices = indices
     dec._layout = _paged.PagedLayout(len(lens), hq, hkv, d, page_size, dec.kv_layout, int(rows.max()), 0,
-                                     d ** -0.5, None, None)
+                                     d ** -0.5, None, None, 0)
     return indices
 
 
@@ -558,7 +558,7 @@ def test_fake_paged_decode_results():
         e = lambda *s, dtype=bf16: torch.empty(*s, dtype=dtype, device="cuda")
         q, k = e(4, 32, 128), e(50, 16, 8, 128)
         tables, indices = e(8, dtype=torch.int32), e(40, dtype=torch.int32)
-        layout = _paged.PagedLayout(4, 32, 8, 128, 16, "NHD", 300, 0, 128 ** -0.5, None, None)
+        layout = _paged.PagedLayout(4, 32, 8, 128, 16, "NHD", 300, 0, 128 ** -0.5, None, None, 0)
         o, lse = torch.ops.pykda.paged_decode_run(q, k, k, tables, indices, *layout, return_lse=True)
         assert meta(o) == ((4, 32, 128), bf16, "cuda") and meta(lse) == ((4, 32), f32, "cuda")
         o, lse = torch.ops.pykda.paged_decode_run(q, k, k, tables, indices, *layout, torch.empty_like(q))
@@ -585,7 +585,7 @@ def test_paged_run_before_plan_is_refused():
 
 @pytest.mark.parametrize("case, exc, message", [
     ("tables_dtype", TypeError, r"tables must have dtype int32; got int64"),
-    ("tables_short", ValueError, r"tables must be a 1-D int32 array of at least 2 · batch = 6 entries"),
+    ("tables_short", ValueError, r"tables must be a 1-D int32 array of at least \(2 \+ snap_width\) · batch = 18 entries"),
     ("tables_strided", ValueError, r"tables must be contiguous in its last dimension; got strides \(2,\)"),
     ("indices_aligned", ValueError, r"indices must start at a 4-byte aligned address"),
     ("indices_dtype", TypeError, r"indices must have dtype int32; got float32"),
@@ -596,14 +596,14 @@ def test_paged_op_checks_the_plan_arrays(case, exc, message):
     """The raw op takes the plan's arrays from its caller: planned_pointers names a bad one before
     any launch."""
     from fakes import device_array as arr
-    layout = _paged.PagedLayout(3, 32, 8, 128, 16, "NHD", 100, 0, 128 ** -0.5, None, None)
-    tables, indices = arr((6,), "int32"), arr((10,), "int32")
+    layout = _paged.PagedLayout(3, 32, 8, 128, 16, "NHD", 100, 0, 128 ** -0.5, None, None, 4)   # 4 page ids copied
+    tables, indices = arr((18,), "int32"), arr((10,), "int32")
     if case == "tables_dtype":
-        tables = arr((6,), "int64")
+        tables = arr((18,), "int64")
     elif case == "tables_short":
-        tables = arr((5,), "int32")
+        tables = arr((17,), "int32")
     elif case == "tables_strided":
-        tables = arr((6,), "int32", strides=(2,))
+        tables = arr((18,), "int32", strides=(2,))
     elif case == "indices_dtype":
         indices = arr((10,), "float32")
     elif case == "indices_aligned":
@@ -611,11 +611,11 @@ def test_paged_op_checks_the_plan_arrays(case, exc, message):
     elif case == "device":
         indices = arr((10,), "int32", device=1)
     elif case == "host":
-        tables = torch.zeros(6, dtype=torch.int32)
+        tables = torch.zeros(18, dtype=torch.int32)
     with pytest.raises(exc, match=message):
         _paged.planned_pointers(layout, tables, indices)
     if case not in ("host",):
-        assert _paged.planned_pointers(layout, arr((8,), "int32", ptr=64), arr((4, 3), "int32", ptr=128)) == (64, 128)
+        assert _paged.planned_pointers(layout, arr((18,), "int32", ptr=64), arr((4, 3), "int32", ptr=128)) == (64, 128)
 
 
 def test_paged_opcheck_with_stand_ins(paged_stand_ins):

@@ -551,10 +551,10 @@ MERGE_SIGNATURE = (int, int, int, np.int32, np.int32, np.int32, np.int32, int, n
                    np.int64, np.int32, np.int32)
 # decode_tiny's: q and its strides, k, v and their (batch or page, row, head) strides, kv_lens, kv_len,
 # group, scale, out and its strides, lse, and a paged cache's first page entries, page ids (both null:
-# padded), page count and log2 of the page size
+# padded), page count, log2 of the page size and the page ids per request copied after the first entries
 TINY_SIGNATURE = (int, np.int64, np.int64, int, int) + (np.int64,) * 6 + (int, np.int32, np.int32, np.float32, int,
                                                                            np.int64, np.int64, int, int, int,
-                                                                           np.int32, np.int32)
+                                                                           np.int32, np.int32, np.int32)
 # what a call gives its launches anew (runtime.CallValues), in this order (the kernels' names); all
 # else is the prepared call's
 CALL_VALUES = ("q", "k_map", "v_map", "k_tail_map", "v_tail_map", "kv_lens", "ws_o", "ws_lse", "out", "lse",
@@ -643,7 +643,8 @@ def row_params(p: DecodeProblem, plan: DecodePlan, scale: float, max_rows: int) 
 
 def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q: DeviceArray, out: DeviceArray | None,
                 batched: bool, k_maps, v_maps, scale: float, max_rows: int, pages: tuple = NO_PAGES,
-                tail_maps: tuple | None = None, kv_strides: tuple = (), page_size: int = 0) -> DecodeCall:
+                tail_maps: tuple | None = None, kv_strides: tuple = (), page_size: int = 0,
+                snap_width: int = 0) -> DecodeCall:
     """The prepared call of `plan`: the kernels of `spec` (compiled on first use) bound to their
     constants: q's and out's row strides (out given, or new and contiguous), the row
     parameters (`row_params`), a paged cache's page count and strides (`pages`) and the plan's
@@ -651,7 +652,9 @@ def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q:
     decode_partial. `k_maps`,
     `v_maps`: the tensor maps of K and V by address (TiledMaps; decode_tiny reads none); `tail_maps`, those of a segment's
     last, partial tile in boxes of plan.box_rows rows (None: the same); `kv_strides`, decode_tiny's
-    (batch or page, row, head) element strides of K, then V; `page_size`, a paged cache's (0: padded)."""
+    (batch or page, row, head) element strides of K, then V; `page_size`, a paged cache's (0: padded);
+    `snap_width`, the page ids per request that plan() copied after a paged cache's first page entries
+    (decode_tiny reads its first rows' there)."""
     rows = (p.batch, p.q_heads) if batched else (p.q_heads,)
     out_strides = out.strides if out is not None else contiguous_strides(rows + (p.head_dim,))
     at = PER_CALL   # at["q"]: the argument the launch reads from the call's value "q"
@@ -661,7 +664,7 @@ def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q:
         args = (at["q"], *row_strides(q.strides, batched), at["k_cache"], at["v_cache"], *map(np.int64, kv_strides),
                 at["kv_lens"], i32(max_rows), i32(p.group), np.float32(scale), at["out"],
                 *row_strides(out_strides, batched), at["lse"], at["kv_indptr"], at["kv_indices"], pages[0],
-                i32(max(page_size.bit_length() - 1, 0)))
+                i32(max(page_size.bit_length() - 1, 0)), i32(snap_width))
         launches = (bound_launch(spec, q.device, values, "decode_tiny", TINY_SIGNATURE, args, plan.grid(p),
                                  plan.threads, plan.smem),)
         return DecodeCall(p, plan, values, launches, no_map, no_map, no_map, no_map, rows, 0, 0)

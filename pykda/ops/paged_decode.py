@@ -10,7 +10,9 @@ short call of few CTAs (every request within 64 rows, as for padded caches: `dec
 runs decode_tiny, which copies its rows through the page table with cp.async.
 
 `plan()` reads the page table on the host once per batch layout (checks it, counts each
-request's rows) and copies the rows and page offsets to a device buffer of its own; `run()`
+request's rows) and copies the rows and page offsets to a device buffer of its own, and where
+decode_tiny may run the layout, each request's first page ids after them (`page_snapshot`, a
+kernel of its own: decode_tiny then reads them beside the rows, not after); `run()`
 reads only device memory and allocates only its outputs and split workspace (from the framework
 of q), so it can be captured in a CUDA graph. validate -> plan -> kernel bound to its constants
 (`decode.decode_call`, memoized per arguments' metadata and plan) -> tensor maps + workspace ->
@@ -46,6 +48,36 @@ class PagedLayout(NamedTuple):
     scale: float
     chunk_size: int | None
     stages: int | None
+    snap_width: int        # page ids per request copied after the tables (decode_tiny's first rows), or 0
+
+
+SNAPSHOT_THREADS = 256
+
+
+def snapshot_spec(arch: str) -> runtime.KernelSpec:
+    """page_snapshot.cu.j2's kernel: plan()'s copy of each request's first page ids."""
+    return runtime.KernelSpec.make("page_snapshot", {}, arch)
+
+
+def snapshot_width(batch: int, q_heads: int, kv_heads: int, head_dim: int, page_size: int, device: int,
+                   chunk_size: int | None, stages: int | None, max_kv_len: int | None) -> int:
+    """Page ids per request that plan() copies after its tables: those of decode_tiny's most rows
+    where the planner may give a run of this batch to decode_tiny (requests short enough, within
+    `max_kv_len` where given), else 0. Whatever the lengths of this plan: a graph captured on
+    decode_tiny stays valid for the plans after it."""
+    dev = runtime.device_info(device)
+    short = decode.DecodeProblem(max_kv_len or 1, q_heads, kv_heads, head_dim, "bfloat16", batch)
+    plan = decode.plan_decode(short, dev.sm_count, dev.smem_per_sm, chunk_size, stages, uneven=True, balanced=None,
+                              gathered=decode.is_gathered(page_size), tiny=True)
+    return -(-decode.TINY_ROWS[-1] // page_size) if plan.tiny else 0
+
+
+def snapshot_entries(starts: np.ndarray, rows: np.ndarray, page_size: int, width: int) -> np.ndarray:
+    """For each request its first `width` entries of the page table (index into it), -1 past its
+    pages: what page_snapshot turns into page ids."""
+    j = np.arange(width, dtype=np.int64)
+    pages = -(-rows.astype(np.int64) // page_size)
+    return np.where(j < pages[:, None], starts.astype(np.int64)[:, None] + j, -1).ravel()
 
 
 def host_int32(x, name: str) -> np.ndarray:
@@ -160,7 +192,8 @@ def prepare_paged(q, k, v, out, layout: PagedLayout) -> decode.DecodeCall:
         k_maps(k.ptr), v_maps(v.ptr)   # the geometries checked (TensorMapError names the cache) before any launch
     return decode.decode_call(p, plan, spec, q, out, True, k_maps, v_maps, layout.scale, MAX_ROWS,
                               (np.int32(num_pages), np.int64(page_stride), np.int64(row_stride), np.int64(head_stride)),
-                              kv_strides=(page_stride, row_stride, head_stride) * 2, page_size=layout.page_size)
+                              kv_strides=(page_stride, row_stride, head_stride) * 2, page_size=layout.page_size,
+                              snap_width=layout.snap_width)
 
 
 ARGUMENTS = ("q", "k_cache", "v_cache", "out")
@@ -176,20 +209,21 @@ def run_planned(layout: PagedLayout, tables_ptr: int, indices_ptr: int, q, k_cac
     `BatchDecodeWithPagedKVCache.run` and the torch op `pykda::paged_decode_run` launch."""
     arrays = CallArrays((q, k_cache, v_cache, out), ARGUMENTS, REQUIRED)
     call = PREPARED.get((arrays.key, layout), arrays, layout)
-    starts = tables_ptr + 4 * layout.batch
+    starts = tables_ptr + 4 * layout.batch   # (then the snapshot, where snap_width > 0)
     return decode.launch(call, arrays, stream, out, return_lse, tables_ptr, (starts, indices_ptr))
 
 
 def planned_pointers(layout: PagedLayout, tables, indices) -> tuple[int, int]:
     """The pointers `run_planned` takes, of a plan's arrays handed back from outside the wrapper
-    (the torch op's arguments): `tables` int32, contiguous, at least 2 · batch entries; `indices`
+    (the torch op's arguments): `tables` int32, contiguous, at least (2 + snap_width) · batch entries; `indices`
     the int32 page ids the plan read (kv_indices or block_tables, rows contiguous); both 4-byte
     aligned, on the plan's device."""
     t = device_arrays.as_device_array(tables, "tables")
     check_dtype(t, "tables", ("int32",))
-    if t.ndim != 1 or t.shape[0] < 2 * layout.batch:
-        raise ValueError(f"tables must be a 1-D int32 array of at least 2 · batch = {2 * layout.batch} entries "
-                         f"(plan()'s rows and first page entries); got shape {tuple(t.shape)}")
+    need = (2 + layout.snap_width) * layout.batch
+    if t.ndim != 1 or t.shape[0] < need:
+        raise ValueError(f"tables must be a 1-D int32 array of at least (2 + snap_width) · batch = {need} entries "
+                         f"(plan()'s rows, first page entries and page ids); got shape {tuple(t.shape)}")
     i = device_arrays.as_device_array(indices, "indices")
     check_dtype(i, "indices", ("int32",))
     for name, a in (("tables", t), ("indices", i)):
@@ -259,7 +293,7 @@ class BatchDecodeWithPagedKVCache:
         indptr = host_int32(kv_indptr, "kv_indptr")
         rows = request_rows(indptr, host_int32(kv_last_page_len, "kv_last_page_len"), indices.shape[0], page_size)
         self._set_tables(rows, indptr[:-1], kv_indices, indices, num_qo_heads, num_kv_heads, head_dim, page_size,
-                         scale, chunk_size, stages, max_kv_len)
+                         scale, chunk_size, stages, max_kv_len, snapshot=True)
 
     def plan_block_tables(self, block_tables, seq_lens, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                           page_size: int, *, scale: float | None = None, chunk_size: int | None = None,
@@ -286,12 +320,15 @@ class BatchDecodeWithPagedKVCache:
             raise ValueError(f"block_tables is too large: row {batch - 1} starts at entry {starts[-1]} (at most "
                              f"{MAX_ROWS})")
         self._set_tables(rows, starts, block_tables, table, num_qo_heads, num_kv_heads, head_dim, page_size, scale,
-                         chunk_size, stages, max_kv_len)
+                         chunk_size, stages, max_kv_len, snapshot=False)
 
     def _set_tables(self, rows, starts, pages_obj, pages: DeviceArray, num_qo_heads, num_kv_heads, head_dim,
-                    page_size, scale, chunk_size, stages, max_kv_len) -> None:
+                    page_size, scale, chunk_size, stages, max_kv_len, snapshot: bool) -> None:
         """Fix the batch layout and copy each request's rows and first page entry to the device
-        (rewritten in place while they fit); run() reads request b's pages from pages[starts[b]:]."""
+        (rewritten in place while they fit); run() reads request b's pages from pages[starts[b]:].
+        `snapshot` (a table that run() may not reread: plan()'s kv_indices, not a block table
+        whose rows change under a graph): each request's first page ids after them too, where
+        decode_tiny may run the layout (`snapshot_width`)."""
         batch = rows.shape[0]
         longest = int(rows.max()) if batch else 0
         if max_kv_len is not None:
@@ -300,15 +337,24 @@ class BatchDecodeWithPagedKVCache:
                                  f"{MAX_ROWS}; got {max_kv_len!r}")
             longest = int(max_kv_len)
         decode.check_grid(decode.DecodeProblem(1, num_qo_heads, num_kv_heads, head_dim, "bfloat16", batch))
-        layout = PagedLayout(batch, num_qo_heads, num_kv_heads, head_dim, page_size, self.kv_layout,
-                             longest, pages.device, resolve_scale(scale, head_dim), chunk_size, stages)
         runtime.require_gpu()
-        tables = np.concatenate([rows, starts]).astype(np.int32)
+        width = snapshot_width(batch, num_qo_heads, num_kv_heads, head_dim, page_size, pages.device, chunk_size,
+                               stages, max_kv_len) if snapshot else 0
+        layout = PagedLayout(batch, num_qo_heads, num_kv_heads, head_dim, page_size, self.kv_layout,
+                             longest, pages.device, resolve_scale(scale, head_dim), chunk_size, stages, width)
+        entries = snapshot_entries(starts, rows, page_size, width)
+        tables = np.concatenate([rows, starts, entries]).astype(np.int32)
         if self._tables_at[0] != pages.device or self._tables_at[1] < tables.size:   # else rewritten in place
             self._tables = device_arrays.empty_like_framework(pages, tables.shape, "int32")
             self._tables_ptr = device_arrays.as_device_array(self._tables, "tables").ptr
             self._tables_at = (pages.device, tables.size)
-        device_arrays.copy_from_host(self._tables_ptr, tables, pages.device, device_arrays.launch_stream(pages))
+        stream = device_arrays.launch_stream(pages)
+        device_arrays.copy_from_host(self._tables_ptr, tables, pages.device, stream)
+        if entries.size:   # the entries become page ids, on the device (kv_indices lives there)
+            kernel = runtime.get_kernel(snapshot_spec(runtime.device_info(pages.device).arch), pages.device,
+                                        "page_snapshot")
+            kernel.launch((-(-entries.size // SNAPSHOT_THREADS), 1, 1), (SNAPSHOT_THREADS, 1, 1),
+                          (self._tables_ptr + 8 * batch, pages.ptr, np.int32(entries.size)), 0, stream)
         self._indices, self._indices_ptr = pages_obj, pages.ptr
         self._layout = layout
 
