@@ -137,35 +137,36 @@ def test_page_tables_may_be_lists(offline):
     dec = pykda.BatchDecodeWithPagedKVCache()
     dec.plan([0, 2, 2], arr((2,), "int32", ptr=INDICES), [3, 0], 8, 8, 64, 16)
     ((_, tables),) = offline["copies"]
-    assert tables.tolist() == [19, 0, 0, 2] + [0, 1, -1, -1] + [-1] * 4, \
-        "rows, first page entries, then each request's entries of decode_tiny's 64 rows (4 pages)"
+    assert tables.tolist() == [19, 0, 0, 2]
 
 
-def test_plan_copies_each_requests_first_page_ids_where_decode_tiny_may_run(offline):
-    """plan() of a batch that decode_tiny may run (short requests): after the rows and first page
-    entries, each request's page-table entries of decode_tiny's 64 rows (-1 past its pages), which
-    page_snapshot then turns into page ids on the device, in place. Block tables (their rows may
-    change under a graph), max_kv_len past 64 rows, a chunk size or stages, and batches too large
-    for decode_tiny copy none."""
+def test_plan_copies_each_requests_first_page_ids_where_decode_tiny_may_run(offline, monkeypatch):
+    """plan() of a batch that decode_tiny may run (short requests): rows and first page entries to
+    the device, then page_snapshot writes each request's page ids of decode_tiny's 64 rows after
+    them, from kv_indices (the GPU test checks the ids). Block tables (their rows may change under a
+    graph), max_kv_len past 64 rows, a chunk size or stages, and batches too large for decode_tiny
+    copy none."""
     lens = [1000, 0, 33, 64]
+    made = []
+    real = arrays.empty_like_framework
+    monkeypatch.setattr(arrays, "empty_like_framework", lambda ref, shape, dtype: made.append(shape) or real(ref, shape, dtype))
     for page_size in (1, 16, 128):
-        offline["copies"].clear(), offline["launches"].clear()
+        offline["copies"].clear(), offline["launches"].clear(), made.clear()
         dec = planned(lens, page_size=page_size)
         width = -(-64 // page_size)
         indptr, _, _ = table(lens, page_size)
         ((tables_ptr, tables),) = offline["copies"]
-        pages = np.diff(indptr)
-        entries = [[int(indptr[b]) + j if j < pages[b] else -1 for j in range(width)] for b in range(4)]
-        assert tables.tolist() == lens + indptr[:-1].tolist() + sum(entries, [])
+        assert tables_ptr == TABLES and tables.tolist() == lens + indptr[:-1].tolist()
+        assert made == [(4 * (2 + width),)], "room for the page ids after the tables"
         ((name, grid, block, smem, args, spec),) = offline["launches"]
         assert name == "page_snapshot" and spec == paged_decode.snapshot_spec("sm_90a")
-        assert args == (TABLES + 8 * 4, INDICES, 4 * width) and block == (paged_decode.SNAPSHOT_THREADS, 1, 1)
-        assert grid == (-(-4 * width // paged_decode.SNAPSHOT_THREADS), 1, 1) and smem == 0
+        assert args == (TABLES, INDICES, 4, width, page_size.bit_length() - 1)
+        assert block == (paged_decode.SNAPSHOT_THREADS, 1, 1) and smem == 0
+        assert grid == (-(-4 * width // paged_decode.SNAPSHOT_THREADS), 1, 1)
         assert dec._layout.snap_width == width
     for kw in (dict(max_kv_len=1000), dict(chunk_size=64), dict(stages=2)):
         offline["copies"].clear(), offline["launches"].clear()
-        assert planned(lens, **kw)._layout.snap_width == 0
-        assert len(offline["copies"][0][1]) == 8 and offline["launches"] == []
+        assert planned(lens, **kw)._layout.snap_width == 0 and offline["launches"] == []
     assert planned([33, 0, 64], max_kv_len=64)._layout.snap_width == 4
     assert planned([1] * 300, hkv=8)._layout.snap_width == 0, "2400 units: never decode_tiny"
     offline["copies"].clear(), offline["launches"].clear()
@@ -361,9 +362,7 @@ def test_plan_again_rewrites_the_tables_in_place_while_they_fit(offline, monkeyp
     indptr, indices, last = table([5, 17], 16)
     dec.plan(indptr, indices, last, 32, 8, 128, 16)   # smaller: still fits
     # rows, first entries, and 4 page ids of decode_tiny's 64 rows a request
-    copies = [c[1].tolist() for c in offline["copies"]][1:]
-    assert made == [(18,)] and [c[:6] for c in copies] == [[5, 17, 1, 0, 1, 3], [5, 17, 0, 1, 0, -1]]
-    assert [len(c) for c in copies] == [18, 12]
+    assert made == [(18,)] and [c[1].tolist() for c in offline["copies"]][1:] == [[5, 17, 1, 0, 1, 3], [5, 17, 0, 1]]
     indptr, indices, last = table([5, 17, 1, 1], 16)
     dec.plan(indptr, indices, last, 32, 8, 128, 16)
     assert made == [(18,), (24,)]

@@ -117,6 +117,29 @@ def test_short_requests_take_decode_tiny(page_size, layout, hq, hkv, d, dtype):
     check(o, lse, expected(q, k, v, tables, layout), lens, dtype)
 
 
+@pytest.mark.parametrize("page_size", [1, 8, 16, 128])
+def test_plan_copies_the_first_page_ids_after_its_tables(page_size):
+    """page_snapshot: after plan(), the tables hold the rows, the first page entries, then each
+    request's page ids of decode_tiny's 64 rows (-1 past its pages), read from kv_indices; a
+    second plan of the same batch rewrites them in place."""
+    dec = pykda.BatchDecodeWithPagedKVCache("NHD")
+    for seed, lens in enumerate(([17, 0, 1, 64, 200, page_size + 1], [3, 64, 0, 65, 1, 9000])):
+        indptr, indices, last, _ = page_table(lens, page_size, seed)
+        if seed:
+            buffer = dec._tables
+            buffer.fill_(-7)   # the first plan's, poisoned: the second writes it again
+        dec.plan(torch.from_numpy(indptr), torch.from_numpy(indices).cuda(), torch.from_numpy(last), 32, 8, 128,
+                 page_size)
+        assert not seed or dec._tables is buffer
+        width = dec._layout.snap_width
+        assert width == -(-64 // page_size)
+        ids = [[int(indices[indptr[b] + j]) if j < indptr[b + 1] - indptr[b] else -1 for j in range(width)]
+               for b in range(len(lens))]
+        got = dec._tables.cpu().numpy()
+        assert got[:len(lens)].tolist() == lens and got[len(lens):2 * len(lens)].tolist() == indptr[:-1].tolist()
+        assert got[2 * len(lens):2 * len(lens) + len(lens) * width].tolist() == sum(ids, [])
+
+
 # 192 rows = 3 tiles (not a power of two): with 128-row pages every other chunk starts mid-page
 @pytest.mark.parametrize("page_size, chunk_size", [(1, 64), (16, 64), (64, 64), (1, 192), (16, 192), (128, 192)])
 def test_split_requests_merge_with_scale(page_size, chunk_size):

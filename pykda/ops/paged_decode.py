@@ -72,14 +72,6 @@ def snapshot_width(batch: int, q_heads: int, kv_heads: int, head_dim: int, page_
     return -(-decode.TINY_ROWS[-1] // page_size) if plan.tiny else 0
 
 
-def snapshot_entries(starts: np.ndarray, rows: np.ndarray, page_size: int, width: int) -> np.ndarray:
-    """For each request its first `width` entries of the page table (index into it), -1 past its
-    pages: what page_snapshot turns into page ids."""
-    j = np.arange(width, dtype=np.int64)
-    pages = -(-rows.astype(np.int64) // page_size)
-    return np.where(j < pages[:, None], starts.astype(np.int64)[:, None] + j, -1).ravel()
-
-
 def host_int32(x, name: str) -> np.ndarray:
     """A 1-D int32 page-table array on the host (read back from the device if it lives there);
     TypeError names `x` unless it is an int32 array or a sequence of ints."""
@@ -342,19 +334,20 @@ class BatchDecodeWithPagedKVCache:
                                stages, max_kv_len) if snapshot else 0
         layout = PagedLayout(batch, num_qo_heads, num_kv_heads, head_dim, page_size, self.kv_layout,
                              longest, pages.device, resolve_scale(scale, head_dim), chunk_size, stages, width)
-        entries = snapshot_entries(starts, rows, page_size, width)
-        tables = np.concatenate([rows, starts, entries]).astype(np.int32)
-        if self._tables_at[0] != pages.device or self._tables_at[1] < tables.size:   # else rewritten in place
-            self._tables = device_arrays.empty_like_framework(pages, tables.shape, "int32")
+        tables = np.concatenate([rows, starts]).astype(np.int32)
+        size = tables.size + batch * width   # (then the page ids, written on the device)
+        if self._tables_at[0] != pages.device or self._tables_at[1] < size:   # else rewritten in place
+            self._tables = device_arrays.empty_like_framework(pages, (size,), "int32")
             self._tables_ptr = device_arrays.as_device_array(self._tables, "tables").ptr
-            self._tables_at = (pages.device, tables.size)
+            self._tables_at = (pages.device, size)
         stream = device_arrays.launch_stream(pages)
         device_arrays.copy_from_host(self._tables_ptr, tables, pages.device, stream)
-        if entries.size:   # the entries become page ids, on the device (kv_indices lives there)
+        if width:   # each request's first page ids after the tables, read from kv_indices on the device
             kernel = runtime.get_kernel(snapshot_spec(runtime.device_info(pages.device).arch), pages.device,
                                         "page_snapshot")
-            kernel.launch((-(-entries.size // SNAPSHOT_THREADS), 1, 1), (SNAPSHOT_THREADS, 1, 1),
-                          (self._tables_ptr + 8 * batch, pages.ptr, np.int32(entries.size)), 0, stream)
+            kernel.launch((-(-batch * width // SNAPSHOT_THREADS), 1, 1), (SNAPSHOT_THREADS, 1, 1),
+                          (self._tables_ptr, pages.ptr, np.int32(batch), np.int32(width),
+                           np.int32(page_size.bit_length() - 1)), 0, stream)
         self._indices, self._indices_ptr = pages_obj, pages.ptr
         self._layout = layout
 
