@@ -303,7 +303,7 @@ def _fused_recurrent_kda_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
                             intermediate_states_buffer: Optional[Tensor] = None,
                             intermediate_state_indices: Optional[Tensor] = None,
                             disable_state_update: bool = False,
-                            retrieve_parent_token: Optional[Tensor] = None) -> Tensor:
+                            retrieve_parent_token: Optional[Tensor] = None, first_row: int = 0) -> Tensor:
     """pykda.fused_recurrent_kda as a torch op: updates the pool `initial_state` in place (and
     the target-verify buffer) and returns o (a placeholder, 0 elements, with `out`);
     `output_final_state` changes nothing here (the eager function returns the pool itself: read
@@ -315,7 +315,7 @@ def _fused_recurrent_kda_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
         num_accepted_tokens=num_accepted_tokens, inplace_final_state=inplace_final_state, out=out,
         check_indices=check_indices, rows_per_thread=rows_per_thread, stages=stages,
         intermediate_states_buffer=intermediate_states_buffer, intermediate_state_indices=intermediate_state_indices,
-        disable_state_update=disable_state_update, retrieve_parent_token=retrieve_parent_token)
+        disable_state_update=disable_state_update, retrieve_parent_token=retrieve_parent_token, first_row=first_row)
     return o if out is None else _placeholder(q)
 
 
@@ -325,7 +325,7 @@ def _(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None
       allow_neg_eigval=False, lower_bound=None, state_v_first=False, cu_seqlens=None, state_indices=None, out=None,
       ssm_state_indices=None, num_accepted_tokens=None, *, safe_gate=False, check_indices=False, rows_per_thread=None,
       stages=None, inplace_final_state=True, intermediate_states_buffer=None, intermediate_state_indices=None,
-      disable_state_update=False, retrieve_parent_token=None):
+      disable_state_update=False, retrieve_parent_token=None, first_row=0):
     return torch.empty_like(v, memory_format=torch.contiguous_format) if out is None else _placeholder(q)
 
 
@@ -448,7 +448,7 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: Optio
                         out=None, check_indices: bool = False, rows_per_thread: Optional[int] = None,
                         stages: Optional[int] = None, transpose_state_layout: Optional[bool] = None,
                         intermediate_states_buffer=None, intermediate_state_indices=None,
-                        disable_state_update: bool = False, retrieve_parent_token=None):
+                        disable_state_update: bool = False, retrieve_parent_token=None, first_row: int = 0):
     """`pykda.fused_recurrent_kda` through torch.ops.pykda (traceable by torch.compile); same
     arguments but `stream` (torch's current stream is used), same results: (o or `out`, the
     pool `initial_state` (updated in place) if `output_final_state` else None)."""
@@ -460,5 +460,5 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: Optio
                    ssm_state_indices=ssm_state_indices, num_accepted_tokens=num_accepted_tokens,
                    inplace_final_state=inplace_final_state, intermediate_states_buffer=intermediate_states_buffer,
                    intermediate_state_indices=intermediate_state_indices, disable_state_update=disable_state_update,
-                   retrieve_parent_token=retrieve_parent_token)
+                   retrieve_parent_token=retrieve_parent_token, first_row=first_row)
     return (o if out is None else out), (initial_state if output_final_state else None)

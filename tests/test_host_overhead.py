@@ -202,7 +202,7 @@ def measure() -> dict[str, float]:
             return (f((batch, 1, H, D)), f((batch, 1, H, D)), f((batch, 1, H, D)), f((batch, 1, H, D)),
                     f((batch, 1, H)), f((H,), "float32"), f((H * D,), "float32"), f((2 * batch, H, D, D), "float32"),
                     f((batch,), "int32"), None, None, None, None, None, None)
-        names, settings = kda_decode.ARGUMENTS, (None, SAFE_GATE_FLAGS, True, None, None, False)
+        names, settings = kda_decode.ARGUMENTS, (None, SAFE_GATE_FLAGS, True, None, None, False, 0)
 
         def prepare(arrays):
             return kda_decode.PREPARED.get((arrays.key, settings), arrays, settings)
@@ -331,9 +331,9 @@ def test_stubbed_fused_recurrent_kda_reads_the_call_values():
         assert params[:5] == [x[n].data_ptr() for n in ("q", "k", "g", "v", "beta")]
         strides = [s for n in ("q", "k", "g", "v") for s in x[n].stride()[:3]] + [*x["beta"].stride(), *o.stride()[:3]]
         assert params[5] == np.asarray(strides, np.int64).tobytes()   # the Layout struct
-        assert params[6:12] == [x["A_log"].data_ptr(), x["dt_bias"].data_ptr(), pool.data_ptr(), 2 * B,
-                                pool.stride(0), idx.data_ptr()]
-        assert params[12:] == [0, 0, 0, 0, 1, H, plan.n_tiles, o.data_ptr(), -5.0, 0.5, 0, 0, 0, 0, 0, 1,
+        assert params[6:13] == [x["A_log"].data_ptr(), x["dt_bias"].data_ptr(), pool.data_ptr(), 2 * B, 0,
+                                pool.stride(0), idx.data_ptr()]   # (rows from 0 on are the pool's)
+        assert params[13:] == [0, 0, 0, 0, 1, H, plan.n_tiles, o.data_ptr(), -5.0, 0.5, 0, 0, 0, 0, 0, 1,
                               0, 0, 0, 0]   # no verify, no tree
 
 

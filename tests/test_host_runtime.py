@@ -121,7 +121,7 @@ def _kda_decode_arrays(**change):
 ])
 def test_cached_good_call_never_lets_a_bad_one_through(change, message, monkeypatch):
     prepared = _prepared_decode(monkeypatch)
-    settings = (None, SAFE_GATE_FLAGS, True, None, None, False)
+    settings = (None, SAFE_GATE_FLAGS, True, None, None, False, 0)
     good = _kda_decode_arrays()
     first = prepared(good, settings)
     assert prepared(_kda_decode_arrays(), settings) is first   # a hit
@@ -146,24 +146,25 @@ def _prepared_decode(monkeypatch):
 
 @pytest.mark.parametrize("settings, message", [
     ((None, SAFE_GATE_FLAGS._replace(use_gate_in_kernel=False, lower_bound=None, safe_gate=False), True, None, None,
-      False),
+      False, 0),
      "A_log is given but use_gate_in_kernel=False"),
-    ((None, SAFE_GATE_FLAGS, True, None, 1, False), "stages must be in 2..8"),
-    ((None, SAFE_GATE_FLAGS._replace(lower_bound=None), True, None, None, False), "needs lower_bound"),
-    ((None, SAFE_GATE_FLAGS._replace(lower_bound=float("nan")), True, None, None, False), "lower_bound must be finite"),
+    ((None, SAFE_GATE_FLAGS, True, None, 1, False, 0), "stages must be in 2..8"),
+    ((None, SAFE_GATE_FLAGS._replace(lower_bound=None), True, None, None, False, 0), "needs lower_bound"),
+    ((None, SAFE_GATE_FLAGS._replace(lower_bound=float("nan")), True, None, None, False, 0),
+     "lower_bound must be finite"),
 ])
 def test_cached_good_call_never_lets_bad_settings_through(settings, message, monkeypatch):
     """The same arrays with other flags: validated again (the settings are part of the key)."""
     prepared = _prepared_decode(monkeypatch)
-    good = (None, SAFE_GATE_FLAGS, True, None, None, False)
+    good = (None, SAFE_GATE_FLAGS, True, None, None, False, 0)
     first = prepared(_kda_decode_arrays(), good)
     with pytest.raises(ValueError, match=message):
         prepared(_kda_decode_arrays(), settings)
     assert prepared(_kda_decode_arrays(), good) is first
-    softplus = (None, SAFE_GATE_FLAGS._replace(lower_bound=None, safe_gate=False), True, None, None, False)
+    softplus = (None, SAFE_GATE_FLAGS._replace(lower_bound=None, safe_gate=False), True, None, None, False, 0)
     other = prepared(_kda_decode_arrays(), softplus)
     assert other is not first and other.problem.variant.gate == "softplus" and first.problem.variant.gate == "safe"
-    k_first = prepared(_kda_decode_arrays(), (None, SAFE_GATE_FLAGS, False, None, None, False))   # a setting: layout
+    k_first = prepared(_kda_decode_arrays(), (None, SAFE_GATE_FLAGS, False, None, None, False, 0))   # a setting: layout
     assert k_first is not first and first.problem.v_first and not k_first.problem.v_first
 
 

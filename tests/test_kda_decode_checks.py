@@ -208,7 +208,7 @@ def test_decode_returns_the_output_and_the_pool(fake_launch, mode, output_final_
     ((p, launch_args, stream),) = fake_launch
     assert stream == 7 and p.variant.gate == {"vllm": "none"}.get(mode, mode)
     assert launch_args[6:9] == ((BASE * 3, BASE * 4) if gate else (0, 0)) + (BASE * 5,)
-    assert launch_args[20] == (-5.0 if mode == "safe" else 0.0)
+    assert launch_args[21] == (-5.0 if mode == "safe" else 0.0)
 
 
 def test_fla_default_layout_reaches_the_kernel_k_first(fake_launch):
@@ -218,7 +218,7 @@ def test_fla_default_layout_reaches_the_kernel_k_first(fake_launch):
     _call(a, **SAFE_GATE_FLAGS._asdict(), state_v_first=True, out=arr((4, 1, 8, 128), ptr=BASE * 2), stream=7)
     (p, launch_args, _), (p2, launch_args2, _) = fake_launch
     assert p.v_first is False and p2.v_first is True and p._replace(v_first=True) == p2
-    assert launch_args[8:11] == launch_args2[8:11] == (BASE * 5, 16, 8 * 128 * 128)   # the pool itself, no copy
+    assert launch_args[8:12] == launch_args2[8:12] == (BASE * 5, 16, 0, 8 * 128 * 128)   # the pool itself, no copy
 
 
 def test_pool_view_rows_reach_the_kernel(fake_launch):
@@ -226,7 +226,24 @@ def test_pool_view_rows_reach_the_kernel(fake_launch):
     a = args(state=arr((16, 8, 128, 128), ptr=BASE * 5, strides=(2 * 8 * 128 * 128, 128 * 128, 128, 1)))
     _call(a, **SAFE_GATE_FLAGS._asdict(), state_v_first=True, out=arr((4, 1, 8, 128), ptr=BASE * 2), stream=7)
     ((_, launch_args, _),) = fake_launch
-    assert launch_args[8:11] == (BASE * 5, 16, 2 * 8 * 128 * 128)
+    assert launch_args[8:12] == (BASE * 5, 16, 0, 2 * 8 * 128 * 128)
+
+
+def test_first_row_reaches_the_kernel_and_is_checked(fake_launch):
+    """first_row (vLLM's null block 0: first_row=1) is a constant of the prepared call, after P;
+    another first_row is another call; a bad one raises before any launch."""
+    a = args(state=arr((16, 8, 128, 128), ptr=BASE * 5))
+    for first in (1, 0, 1):
+        _call(a, **SAFE_GATE_FLAGS._asdict(), state_v_first=True, out=arr((4, 1, 8, 128), ptr=BASE * 2), stream=7,
+              first_row=first)
+    assert [launch_args[8:11] for _, launch_args, _ in fake_launch] == [(BASE * 5, 16, f) for f in (1, 0, 1)]
+    for bad in (-1, 1.0, True, None):
+        with pytest.raises(ValueError, match=r"first_row must be a non-negative int; got"):
+            _call(a, **SAFE_GATE_FLAGS._asdict(), stream=7, first_row=bad)
+    assert len(fake_launch) == 3
+    check_state_indices(np.array([0, 0, 3, -1]), 8, first_row=1)   # rows below 1: padding, never repeated
+    with pytest.raises(ValueError, match=r"state_indices repeats pool rows \[0\]"):
+        check_state_indices(np.array([0, 0, 3, -1]), 8)
 
 
 @pytest.mark.parametrize("strides, match", [
@@ -252,8 +269,8 @@ def test_speculative_call_passes_the_index_table(fake_launch):
     (p, first, _), (p2, second, _) = fake_launch
     assert p == p2 and first == second
     assert (p.index_cols, p.tokens) == (3, 2)
-    # pool, P, its row stride, table, the table's row stride, C, accepted
-    assert first[8:15] == (BASE * 5, 16, 8 * 128 * 128, BASE * 6, 8, 3, BASE * 7)
+    # pool, P, the first row, its row stride, table, the table's row stride, C, accepted
+    assert first[8:16] == (BASE * 5, 16, 0, 8 * 128 * 128, BASE * 6, 8, 3, BASE * 7)
 
 
 def test_index_values_checked_on_request():
@@ -359,8 +376,8 @@ def test_target_verify_reaches_the_kernel(fake_launch, disable):
     ((p, launch_args, _),) = fake_launch
     assert (p.verify_steps, p.verify_slots, p.slot_dtype, p.index_cols) == (4, 5, "int64", 0)
     assert kda_decode.kda_decode_spec(p, 8, 3, "sm_90a").param_dict["VERIFY"] is True
-    assert launch_args[22:28] == (BASE * 6, BASE * 7, 8 * 128 * 128, 4, 5, 0 if disable else 1)
-    assert launch_args[28:] == (0, 0, 0, 0), "a chain: no parents"
+    assert launch_args[23:29] == (BASE * 6, BASE * 7, 8 * 128 * 128, 4, 5, 0 if disable else 1)
+    assert launch_args[29:] == (0, 0, 0, 0), "a chain: no parents"
     assert kda_decode.kda_decode_spec(p, 8, 3, "sm_90a").param_dict["TREE"] is False
 
 
@@ -377,7 +394,7 @@ def test_a_tree_of_drafts_reaches_the_kernel(fake_launch):
     assert (p.parent_cols, p.parent_dtype) == (4, "int64")
     spec = kda_decode.kda_decode_spec(p, 8, 3, "sm_90a").param_dict
     assert spec["TREE"] is True and spec["PARENT_T"] == "long long" and spec["VERIFY"] is True
-    assert launch_args[28:] == (BASE * 8, 10, 2, 4)
+    assert launch_args[29:] == (BASE * 8, 10, 2, 4)
 
 
 def test_plain_decode_has_no_verify():
@@ -438,7 +455,7 @@ def test_disable_state_update_alone_reads_the_pool_only(fake_launch):
     _call(a, **SAFE_GATE_FLAGS._asdict(), state_v_first=True, disable_state_update=True, stream=7,
           out=arr((4, 1, 8, 128), ptr=BASE * 2))
     ((p, launch_args, _),) = fake_launch
-    assert p.verify_steps == 0 and launch_args[22:] == (0,) * 10
+    assert p.verify_steps == 0 and launch_args[23:] == (0,) * 10
 
 
 def test_a_bad_setting_equal_to_a_prepared_good_one_still_raises(fake_launch):

@@ -732,3 +732,38 @@ def test_tensor_core_step_matches_reference_and_the_recurrent_kernel(T, gate, K,
     read_only = before.clone()
     o_ro = decode(x, flags, initial_state=read_only, state_indices=idx, disable_state_update=True)
     assert torch.equal(read_only, before) and torch.equal(o_ro, o)
+
+
+@pytest.mark.parametrize("kernel", ["recurrent", "mma", "speculative"])
+def test_rows_below_first_row_are_padding(kernel):
+    """first_row=1 (vLLM's null block 0): slots whose index is 0 are padding as -1 ones are
+    (zero outputs), row 0 is neither read nor written (NaN there stays NaN, no NaN leaks), and
+    every other output and row equals the call with those slots at -1, bit for bit. The
+    recurrent kernel (T 1), the tensor-core one (bf16 V-first, T 4) and speculative rows [N, 3]."""
+    B, H, K, P = 40, 4, 128, 48
+    T, state = (4, "bfloat16") if kernel == "mma" else (1, "float32") if kernel == "recurrent" else (2, "float32")
+    x, pool = make(B, T, H, K, P, state, seed=901)
+    perm = torch.randperm(P - 1, device="cuda")[:B] + 1   # rows 1..P-1
+    pad = torch.zeros(B, dtype=torch.bool, device="cuda")
+    pad[[0, 7, 8, 39]] = True
+    kw = {}
+    if kernel == "speculative":
+        table = torch.full((B, 3), -1, dtype=torch.int32, device="cuda")   # only column 0 stored (T 2 > 1 stores
+        table[:, 0] = torch.where(pad, 0, perm)                              # token 1's state nowhere)
+        null, minus = table, torch.where(table == 0, -1, table)
+        kw = dict(num_accepted_tokens=torch.ones(B, dtype=torch.int32, device="cuda"))
+    else:
+        null = torch.where(pad, 0, perm).to(torch.int32)
+        minus = torch.where(pad, -1, perm).to(torch.int32)
+    pool[0] = float("nan")
+    a, b = pool.clone(), pool.clone()
+    o_null = decode(x, initial_state=a, state_indices=null, first_row=1, **kw)
+    o_minus = decode(x, initial_state=b, state_indices=minus, **kw)
+    if kernel == "mma":
+        assert pykda.ops.kda_decode.PREPARED.last[1].plan.tensor_cores
+    assert torch.equal(o_null, o_minus) and (o_null[pad] == 0).all() and torch.isfinite(o_null).all()
+    assert torch.isnan(a[0]).all() and torch.equal(a[1:], b[1:])
+    with pytest.raises(ValueError, match=r"state_indices repeats pool rows \[5\]"):
+        dup = null.clone()
+        dup[3] = dup[4] = 5   # (many 0 entries are fine: padding)
+        decode(x, initial_state=a, state_indices=dup, first_row=1, check_indices=True, **kw)

@@ -28,8 +28,8 @@ RING_STAGES = 3
 MAX_STAGED_TOKENS = 8 # tokens per tile whose inputs ride the ring (more are read from global memory)
 # the kernel's parameters, in order, as `runtime.signature` gives them: pointers as int, the
 # Layout struct (18 int64 strides) by its byte length
-KERNEL_SIGNATURE = (int,) * 5 + (18 * 8,) + (int,) * 3 + (np.int32, np.int64, int, np.int64, np.int32, int, int,
-                                                          np.int32, np.int32, np.int32, int, float, float,
+KERNEL_SIGNATURE = (int,) * 5 + (18 * 8,) + (int,) * 3 + (np.int32, np.int32, np.int64, int, np.int64, np.int32, int,
+                                                          int, np.int32, np.int32, np.int32, int, float, float,
                                                           int, int, np.int64, np.int32, np.int32, np.int32,
                                                           int, np.int64, np.int64, np.int32)
 ARGUMENTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "state_indices", "num_accepted_tokens",
@@ -169,7 +169,8 @@ def plan_kda_decode(p: KdaDecodeProblem, sm_count: int, smem_per_sm: int, rpt: i
 # rows_per_thread or stages keeps the recurrent kernel.
 MMA_MIN_TOKENS = 2
 MMA_MAX_TOKENS = 8
-MMA_SIGNATURE = (int,) * 5 + (18 * 8,) + (int,) * 3 + (np.int32, np.int64, int, np.int32, int, float, float, np.int32)
+MMA_SIGNATURE = (int,) * 5 + (18 * 8,) + (int,) * 3 + (np.int32, np.int32, np.int64, int, np.int32, int, float, float,
+                                                       np.int32)
 
 
 def takes_tensor_cores(p: KdaDecodeProblem) -> bool:
@@ -349,10 +350,10 @@ def check_parents(parents, steps: int, N: int) -> int:
     return parents.shape[1]
 
 
-def check_state_indices(indices: np.ndarray, pool_rows: int) -> None:
-    """Host-side check of state_indices values (the `check_indices=True` debug mode):
-    non-negative indices must be < pool_rows and distinct."""
-    live = indices[indices >= 0]
+def check_state_indices(indices: np.ndarray, pool_rows: int, first_row: int = 0) -> None:
+    """Host-side check of state_indices values (the `check_indices=True` debug mode): indices
+    from first_row on (the others are padding) must be < pool_rows and distinct."""
+    live = indices[indices >= first_row]
     if live.size and live.max() >= pool_rows:
         raise ValueError(f"state_indices holds {int(live.max())}, out of range for a pool of {pool_rows} rows")
     uniq, counts = np.unique(live, return_counts=True)
@@ -385,11 +386,11 @@ class KdaDecodeCall(NamedTuple):
 
 def prepare_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, num_accepted_tokens, cu_seqlens, out,
                        steps_buffer, steps_slots, parents, scale, flags, state_v_first, rows_per_thread, stages,
-                       disable_state_update) -> KdaDecodeCall:
+                       disable_state_update, first_row) -> KdaDecodeCall:
     """Validate a call and make everything its launch needs but the pointers and the stream: the
     kernel (compiled on first use) bound to its constants. The output, when `out` is None, is a
     new contiguous array of v's shape. `flags`: KdaFlags or a tuple of its fields (the hot path's
-    key holds a plain tuple)."""
+    key holds a plain tuple). `first_row`: pool rows below it are padding, as negative indices."""
     p = validate_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, cu_seqlens, out, KdaFlags(*flags),
                             state_v_first, num_accepted_tokens, steps_buffer, steps_slots, parents)
     if disable_state_update and p.index_cols:
@@ -408,13 +409,14 @@ def prepare_kda_decode(q, k, v, g, beta, A_log, dt_bias, state, state_indices, n
     values = runtime.CallValues(CALL_SIGNATURE)
     if plan.tensor_cores:
         args = (at["q"], at["k"], at["g"], at["v"], at["beta"], layout, at["A_log"], at["dt_bias"],
-                at["initial_state"], i32(p.pool_rows), i64(state.strides[0]), at["state_indices"], i32(p.heads),
+                at["initial_state"], i32(p.pool_rows), i32(first_row), i64(state.strides[0]), at["state_indices"],
+                i32(p.heads),
                 at["out"], p.variant.lower_bound, scale, i32(not disable_state_update))
         launch = bound_launch(spec, q.device, values, "kda_decode_mma", MMA_SIGNATURE, args, (plan.grid, 1, 1),
                               2 * p.dim, plan.smem)
         return KdaDecodeCall(p, plan, values, (launch,))
     args = (at["q"], at["k"], at["g"], at["v"], at["beta"], layout, at["A_log"], at["dt_bias"], at["initial_state"],
-            i32(p.pool_rows), i64(state.strides[0]), at["state_indices"],
+            i32(p.pool_rows), i32(first_row), i64(state.strides[0]), at["state_indices"],
             i64(state_indices.strides[0] if p.index_cols else 0), i32(p.index_cols), at["num_accepted_tokens"],
             at["cu_seqlens"], i32(p.tokens), i32(p.heads), i32(plan.n_tiles), at["out"], p.variant.lower_bound, scale,
             at["intermediate_states_buffer"], at["intermediate_state_indices"],
@@ -439,7 +441,7 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
                         check_indices: bool = False, rows_per_thread: int | None = None, stages: int | None = None,
                         transpose_state_layout: bool | None = None, intermediate_states_buffer=None,
                         intermediate_state_indices=None, disable_state_update: bool = False,
-                        retrieve_parent_token=None):
+                        retrieve_parent_token=None, first_row: int = 0):
     """One or a few KDA recurrent steps per sequence, updating a pool of states in place; fla's
     `fused_recurrent_kda` arguments (gate modes, β forms and the norm flag as in `chunk_kda`).
 
@@ -472,7 +474,10 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
     C, a parent past the buffer's steps, or a sequence without a buffer slot continue from the
     token before (the buffer holds no parent state for them).
 
-    Contract: non-negative state_indices (all entries of a 2-D one) are distinct and < P; the kernel never reads or
+    `first_row` (0 or more): indices below it mark padding too, the rows below it are never read
+    or written (vLLM keeps row 0 of its pools as the null block of padded slots: first_row=1).
+
+    Contract: indices >= first_row (all entries of a 2-D one) are distinct and < P; the kernel never reads or
     writes outside the pool (an index >= P is treated as padding), and `check_indices=True`
     verifies both on the host (a synchronisation, so not for CUDA-graph capture).
     `rows_per_thread` (state rows per lane group: 1, 2, 4, 8; K-first pools take whole states,
@@ -486,16 +491,18 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
     if not inplace_final_state:
         raise ValueError("inplace_final_state=False is not supported: fused_recurrent_kda updates the pool "
                          "initial_state in place")
+    if type(first_row) is not int or first_row < 0:
+        raise ValueError(f"first_row must be a non-negative int; got {first_row!r}")
     arrays = CallArrays((q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, num_accepted_tokens,
                          cu_seqlens, out, intermediate_states_buffer, intermediate_state_indices, retrieve_parent_token),
                         ARGUMENTS, REQUIRED)
     settings = (scale, (use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
                         safe_gate, lower_bound), state_v_first, rows_per_thread, stages,   # flags: KdaFlags' fields
-                bool(disable_state_update))
+                bool(disable_state_update), first_row)
     call = PREPARED.get(prepared_key(arrays.key, settings, (rows_per_thread, stages)), arrays, settings)
     if check_indices and state_indices is not None:
         import cupy
-        check_state_indices(cupy.asnumpy(cupy.from_dlpack(state_indices)), call.problem.pool_rows)
+        check_state_indices(cupy.asnumpy(cupy.from_dlpack(state_indices)), call.problem.pool_rows, first_row)
     strm = arrays.stream(stream)
     ptrs = arrays.ptrs   # of ARGUMENTS, 0 for None
     if out is None:   # o has v's shape and dtype
