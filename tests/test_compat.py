@@ -174,6 +174,29 @@ def test_kernel_object_decode_and_extend_as_sglangs_backend_calls_them(calls):
     assert calls[-1][2]["retrieve_parent_token"] == "tree"
 
 
+def test_extend_as_sglangs_newer_dispatcher_calls_it(calls, tensor_outputs):
+    """The dispatcher's newer keywords: β logits (`beta_is_raw`), the host lengths as the planning
+    hint, fla's chunk tables (taken, not needed), and its options off (None, False)."""
+    q, k, v = tokens()
+    pool = torch.zeros(5, 2, 64, 64)
+    sglang.KDAKernel().extend(q, k, v, "g", "beta", ssm_states=pool, cache_indices=torch.tensor([0, 1, 2]),
+                              query_start_loc=torch.tensor([0, 1, 2, 3]), A_log=torch.zeros(2), dt_bias="dt",
+                              lower_bound=-5.0, beta_is_raw=True, extend_seq_lens_cpu=[1, 1, 1], is_spec_decode=False,
+                              return_intermediate_states=False, track_state=None, track_chunk_idx=None,
+                              chunk_indices="ci", chunk_offsets="co")
+    kw = calls[-1][2]
+    assert kw["use_beta_sigmoid_in_kernel"] is True and kw["cu_seqlens_cpu"].tolist() == [0, 1, 2, 3]
+    sglang.KDAKernel().extend(q, k, v, "g", "beta", ssm_states=pool, cache_indices=torch.tensor([0, 1, 2]),
+                              query_start_loc=torch.tensor([0, 1, 2, 3]), beta_is_raw=False, extend_seq_lens_cpu=None)
+    kw = calls[-1][2]
+    assert kw["use_beta_sigmoid_in_kernel"] is False and kw["cu_seqlens_cpu"] is None
+    o = sglang.KDAKernel().packed_decode(torch.zeros(3, 3 * 2 * 64), torch.zeros(3, 2, 64), torch.zeros(3, 1, 2),
+                                         A_log=torch.zeros(2), dt_bias="dt", scale=0.125, ssm_states=pool,
+                                         cache_indices="idx", num_v_heads=2, head_v_dim=64, lower_bound=-5.0,
+                                         cache_ring=False)
+    assert calls[-1][2]["safe_gate"] is True and calls[-1][2]["lower_bound"] == -5.0 and o is not None
+
+
 def test_packed_decode_reads_q_k_v_in_place_from_the_convolution_output(calls, tensor_outputs):
     """packed_decode: q, k and v are views of mixed_qkv's columns (no copy), one token per sequence;
     o comes back [1, B, H, V] as SGLang's packed kernel returns it."""
@@ -197,7 +220,9 @@ def test_packed_decode_reads_q_k_v_in_place_from_the_convolution_output(calls, t
     ("packed_decode", dict(replayssm_d="ring"), "arguments pykda does not take: replayssm_d"),
     ("packed_decode", dict(num_v_heads=3), r"mixed_qkv must be \[B, q \| k \| v\]"),
     ("decode", dict(stream=1), "arguments pykda does not take: stream"),
-    ("extend", dict(chunk_indices="ci"), "arguments pykda does not take: chunk_indices"),
+    ("extend", dict(track_state="h"), "arguments pykda does not take: track_state"),
+    ("extend", dict(is_spec_decode=True), "arguments pykda does not take: is_spec_decode"),
+    ("packed_decode", dict(cache_ring=True), "arguments pykda does not take: cache_ring"),
 ])
 def test_kernel_object_refuses_what_it_cannot_honour(calls, method, extra, message):
     B, H, K = 3, 2, 64

@@ -118,11 +118,20 @@ def test_wrapper_plans_and_runs_as_flashinfers(paged):
 
 
 def test_wrapper_takes_flashinfers_deprecated_positional_plan_options(paged):
+    """FlashInfer's order (o_data_type sixth, sm_scale eighth), up to its 16 options: vLLM's
+    fast_plan_decode passes 15 of them."""
     w = fi.BatchDecodeWithPagedKVCacheWrapper(None)
-    w.plan(*page_table(), H, HKV, D, 16, "NONE", -1, None, "bfloat16", None, None, 0.5)
+    w.plan(*page_table(), H, HKV, D, 16, "NONE", -1, None, "bfloat16", None, None, None, 0.5)
     assert paged[0].plans[-1][1] == dict(scale=0.5)
+    w.plan(*page_table(), H, HKV, D, 16, "NONE", -1, None, torch.bfloat16, torch.bfloat16, torch.bfloat16,
+           torch.bfloat16, 0.25, None, None, True, None, None, -1, False)   # vLLM's fast_plan_decode call
+    assert paged[0].plans[-1][1] == dict(scale=0.25)
     with pytest.raises(ValueError, match="window_left"):
         w.plan(*page_table(), H, HKV, D, 16, "NONE", 64)
+    with pytest.raises(ValueError, match="o_data_type"):
+        w.plan(*page_table(), H, HKV, D, 16, "NONE", -1, None, "bfloat16", None, torch.float32)
+    with pytest.raises(TypeError, match="at most 16"):
+        w.plan(*page_table(), H, HKV, D, 16, *([None] * 17))
 
 
 @pytest.mark.parametrize("plan_kw, name", [(dict(pos_encoding_mode="ROPE_LLAMA"), "pos_encoding_mode"),

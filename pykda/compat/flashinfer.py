@@ -88,9 +88,11 @@ def single_decode_with_kv_cache(q, k, v, kv_layout: str = "NHD", pos_encoding_mo
 
 # FlashInfer's plan() keywords that choose its kernels and schedules only (results unchanged)
 PLAN_SCHEDULE_ONLY = ("non_blocking", "fixed_split_size", "disable_split_kv", "rope_scale", "rope_theta")
-# plan()'s optional arguments FlashInfer once took by position after page_size (its deprecated order)
+# plan()'s optional arguments FlashInfer takes by position after page_size (its deprecated order, as
+# vLLM's fast_plan_decode still passes them)
 PLAN_POSITIONAL = ("pos_encoding_mode", "window_left", "logits_soft_cap", "q_data_type", "kv_data_type",
-                   "data_type", "sm_scale", "rope_scale", "rope_theta", "non_blocking")
+                   "o_data_type", "data_type", "sm_scale", "rope_scale", "rope_theta", "non_blocking",
+                   "block_tables", "seq_lens", "fixed_split_size", "disable_split_kv", "q_len_per_req")
 
 
 class BatchDecodeWithPagedKVCacheWrapper:

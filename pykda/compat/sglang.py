@@ -19,6 +19,8 @@ Arguments pykda cannot honour raise ValueError by name; none is dropped silently
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..ops.kda import chunk_kda as _chunk_kda
 from ..ops.kda_decode import fused_recurrent_kda as _fused_recurrent_kda
 from . import no_extra
@@ -26,6 +28,7 @@ from . import no_extra
 SOFTPLUS_THRESHOLD_MIN = 15.0   # pykda's softplus is exact to fp32 there (kda_math.cuh); a lower threshold is not
 SGLANG_CHUNK = 64               # SGLang's chunk: the spacing of its intermediate states
 SOFTPLUS_THRESHOLD = 20.0       # what SGLang's KDA decode passes
+FLA_CHUNK_TABLES = ("chunk_indices", "chunk_offsets")   # fla's varlen chunk tables, derived from cu_seqlens
 
 
 def _gate_flags(A_log, lower_bound) -> dict:
@@ -39,14 +42,20 @@ def _gate_flags(A_log, lower_bound) -> dict:
 
 def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, initial_state_indices=None,
               use_qk_l2norm_in_kernel: bool = False, cu_seqlens=None, A_log=None, dt_bias=None,
-              lower_bound: float | None = None, output_intermediate_states: bool = False, **kwargs):
+              lower_bound: float | None = None, output_intermediate_states: bool = False, beta_is_raw: bool = False,
+              cu_seqlens_cpu=None, **kwargs):
     """SGLang's prefill: q, k, v [1, T, H, K] bf16 packed by `cu_seqlens`; g the raw gate (with
-    A_log) or the log-decay; beta [1, T, H] probabilities; the pool `initial_state` [P, H, V, K]
-    read and written in place at rows `initial_state_indices` [N] (without indices: row n, a
-    [N, H, V, K] state updated in place). Returns o [1, T, H, V]; with
-    `output_intermediate_states`, (o, h): h the state before every 64-token chunk of each
-    sequence, [1, Σ ceil(len / 64), H, V, K] in bf16 as SGLang's (with cu_seqlens their number
-    is read from a host copy of it: a synchronisation, as SGLang's own chunk indices make)."""
+    A_log) or the log-decay; beta [1, T, H] probabilities (logits with `beta_is_raw`: sigmoid in
+    the kernel); the pool `initial_state` [P, H, V, K] read and written in place at rows
+    `initial_state_indices` [N] (without indices: row n, a [N, H, V, K] state updated in place).
+    Returns o [1, T, H, V]; with `output_intermediate_states`, (o, h): h the state before every
+    64-token chunk of each sequence, [1, Σ ceil(len / 64), H, V, K] in bf16 as SGLang's (with
+    cu_seqlens their number comes from `cu_seqlens_cpu`, a host copy of it, or else is read
+    back: a synchronisation, as SGLang's own chunk indices make). fla's precomputed chunk
+    tables (`chunk_indices`, `chunk_offsets`) are taken and not needed: the kernels find their
+    chunks from cu_seqlens."""
+    for name in FLA_CHUNK_TABLES:
+        kwargs.pop(name, None)
     no_extra("chunk_kda", kwargs)
     if initial_state is None and initial_state_indices is not None:
         raise ValueError("initial_state_indices is given without initial_state (the pool)")
@@ -58,10 +67,11 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
     checkpoints = {}
     if output_intermediate_states:
         checkpoints = dict(return_intermediate_states=True, checkpoint_every=SGLANG_CHUNK)
-        if cu_seqlens is not None:
-            checkpoints["cu_seqlens_cpu"] = cu_seqlens.cpu()
+        if cu_seqlens is not None and cu_seqlens_cpu is None:
+            cu_seqlens_cpu = cu_seqlens.cpu()
     r = _chunk_kda(q, k, v, g, beta, scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                   state_v_first=True, cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias,
+                   use_beta_sigmoid_in_kernel=bool(beta_is_raw), state_v_first=True, cu_seqlens=cu_seqlens,
+                   cu_seqlens_cpu=cu_seqlens_cpu if cu_seqlens is not None else None, A_log=A_log, dt_bias=dt_bias,
                    **_gate_flags(A_log, lower_bound), **pool, **checkpoints)
     return (r[0], r[2]) if output_intermediate_states else r[0]
 
@@ -109,9 +119,10 @@ def fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, softplus_beta: flo
     return o
 
 
-def _none_only(name: str, kwargs: dict) -> None:
-    """Options SGLang's backend passes to every kernel (None where off): refused by name when set."""
-    no_extra(name, {n: x for n, x in kwargs.items() if x is not None})
+def _off_only(name: str, kwargs: dict) -> None:
+    """Options SGLang's backend passes to every kernel (None or False where off: ring buffers,
+    state tracking, is_spec_decode): refused by name when set."""
+    no_extra(name, {n: x for n, x in kwargs.items() if x is not None and x is not False})
 
 
 class KDAKernel:
@@ -124,17 +135,17 @@ class KDAKernel:
                lower_bound: float | None = None, **kwargs):
         """q, k, v [1, N, H, K] packed by `query_start_loc`; `a` the raw gate, `b` β logits (with
         `lower_bound`, the bounded gate). Returns o [1, N, H, V]."""
-        _none_only("KDAKernel.decode", kwargs)
+        _off_only("KDAKernel.decode", kwargs)
         return fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, 1.0, SOFTPLUS_THRESHOLD, q, k, v, b,
                                                       ssm_states, cache_indices, use_qk_l2norm_in_kernel=True,
                                                       cu_seqlens=query_start_loc, is_kda=True, lower_bound=lower_bound)
 
     def packed_decode(self, mixed_qkv, a, b, *, A_log, dt_bias, scale, ssm_states, cache_indices, num_v_heads,
-                      head_v_dim, **kwargs):
+                      head_v_dim, lower_bound: float | None = None, **kwargs):
         """One token per sequence from the short convolution's output `mixed_qkv` [B, q | k | v]
         (read in place: q, k and v are views of its columns); `a` the raw gate ([B, H·K] or
-        [B, H, K]), `b` β logits ([B, H]). Returns o [1, B, H, V]."""
-        _none_only("KDAKernel.packed_decode", kwargs)   # (SGLang's replayssm ring buffers: None when off)
+        [B, H, K]; with `lower_bound`, the bounded gate), `b` β logits ([B, H]). Returns o [1, B, H, V]."""
+        _off_only("KDAKernel.packed_decode", kwargs)   # (SGLang's replayssm ring buffers: None when off)
         B, H, V = mixed_qkv.shape[0], num_v_heads, head_v_dim
         K = ssm_states.shape[-1]
         if mixed_qkv.shape[1] != 2 * H * K + H * V:
@@ -143,18 +154,26 @@ class KDAKernel:
         q, k, v = (mixed_qkv[:, i * H * K:i * H * K + H * d].view(B, 1, H, d) for i, d in enumerate((K, K, V)))
         o, _ = _fused_recurrent_kda(q, k, v, a.reshape(B, 1, H, K), b.reshape(B, 1, H), A_log=A_log, dt_bias=dt_bias,
                                     scale=scale, initial_state=ssm_states, state_indices=cache_indices,
-                                    use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                                    use_qk_l2norm_in_kernel=True, **_gate_flags(A_log, lower_bound),
                                     use_beta_sigmoid_in_kernel=True, state_v_first=True)
         return o.transpose(0, 1)
 
     def extend(self, q, k, v, g, beta, *, ssm_states, cache_indices, query_start_loc, A_log=None, dt_bias=None,
-               lower_bound: float | None = None, return_intermediate_states: bool = False, **kwargs):
-        """SGLang's `chunk_kda` on the pool (see `chunk_kda` here): o, or (o, h) with
-        `return_intermediate_states`."""
-        _none_only("KDAKernel.extend", kwargs)
+               lower_bound: float | None = None, return_intermediate_states: bool = False, beta_is_raw: bool = False,
+               extend_seq_lens_cpu=None, **kwargs):
+        """SGLang's `chunk_kda` on the pool (see `chunk_kda` here; β logits with `beta_is_raw`):
+        o, or (o, h) with `return_intermediate_states`. `extend_seq_lens_cpu` (the lengths on the
+        host, where SGLang has them) is a planning hint, as fla's cu_seqlens_cpu."""
+        for name in FLA_CHUNK_TABLES:
+            kwargs.pop(name, None)
+        _off_only("KDAKernel.extend", kwargs)
+        cu_cpu = None
+        if extend_seq_lens_cpu is not None:
+            cu_cpu = np.concatenate([[0], np.cumsum(np.asarray(extend_seq_lens_cpu, dtype=np.int64))])
         return chunk_kda(q, k, v, g, beta, initial_state=ssm_states, initial_state_indices=cache_indices,
                          use_qk_l2norm_in_kernel=True, cu_seqlens=query_start_loc, A_log=A_log, dt_bias=dt_bias,
-                         lower_bound=lower_bound, output_intermediate_states=return_intermediate_states)
+                         lower_bound=lower_bound, output_intermediate_states=return_intermediate_states,
+                         beta_is_raw=beta_is_raw, cu_seqlens_cpu=cu_cpu)
 
     def target_verify(self, A_log, dt_bias, q, k, v, a, b, *, ssm_states, cache_indices, query_start_loc,
                       intermediate_states_buffer, intermediate_state_indices, cache_steps, retrieve_parent_token=None,
@@ -163,7 +182,7 @@ class KDAKernel:
         stays as it was; the state after each token into `intermediate_states_buffer` at the
         request's slot; with `retrieve_parent_token` (a tree of drafts), each token from its
         parent's state. Returns o [1, N, H, V]."""
-        _none_only("KDAKernel.target_verify", kwargs)
+        _off_only("KDAKernel.target_verify", kwargs)
         return fused_sigmoid_gating_delta_rule_update(
             A_log, a, dt_bias, 1.0, SOFTPLUS_THRESHOLD, q, k, v, b, ssm_states, cache_indices,
             use_qk_l2norm_in_kernel=True, cu_seqlens=query_start_loc, is_kda=True, disable_state_update=True,
