@@ -1,8 +1,8 @@
 # Session 48, from the repository root on main (~4 min on an H100): the decode GPU files, memcheck and
-# racecheck of decode_tiny's listed cases, ab.py and (session 49) paged_short.py, then both decode grids. Carry [".kc_48.tar.xz",
-# ".peers.tar.xz", ".fi_ws.tar.xz"] (`PYKDA_CACHE_DIR=.kc_48 python -m pykda compile --family decode`, packed).
+# racecheck of decode_tiny's listed cases, ab.py and (session 49) paged_short.py, then both decode grids. Carry [".kc_49.tar.xz",
+# ".peers.tar.xz", ".fi_ws.tar.xz"] (`PYKDA_CACHE_DIR=.kc_49 python -m pykda compile --family decode`, packed).
 # `bash land_round.sh nogrid` leaves the grids out (~1.5 min).
-source docs/studies/flashinfer_warm/device_env.sh .kc_48
+source docs/studies/flashinfer_warm/device_env.sh .kc_49
 timeout 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_decode_gpu.py tests/test_batch_decode_gpu.py \
   tests/test_paged_decode_gpu.py tests/test_graphs_gpu.py -k "decode and not kda" > $OUT/gpu_tests.log 2>&1
 echo "decode GPU files: $(grep -E 'passed|failed' $OUT/gpu_tests.log | tail -1)"; grep -E "^(E  |FAILED)" $OUT/gpu_tests.log | head -10

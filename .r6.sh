@@ -1,0 +1,1 @@
+bash docs/studies/decode_tiny/land_round.sh
