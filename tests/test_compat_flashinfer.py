@@ -126,6 +126,9 @@ def test_wrapper_takes_flashinfers_deprecated_positional_plan_options(paged):
     w.plan(*page_table(), H, HKV, D, 16, "NONE", -1, None, torch.bfloat16, torch.bfloat16, torch.bfloat16,
            torch.bfloat16, 0.25, None, None, True, None, None, -1, False)   # vLLM's fast_plan_decode call
     assert paged[0].plans[-1][1] == dict(scale=0.25)
+    assert (w._window_left, w._logits_soft_cap, w._sm_scale) == (-1, 0.0, 0.25), "what vLLM asserts before run()"
+    w.vllm_first_call = False   # (vLLM's flag after its first plan: plans keep going through plan())
+    assert w.vllm_first_call is True and w.is_cuda_graph_enabled is False
     with pytest.raises(ValueError, match="window_left"):
         w.plan(*page_table(), H, HKV, D, 16, "NONE", 64)
     with pytest.raises(ValueError, match="o_data_type"):

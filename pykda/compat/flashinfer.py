@@ -112,6 +112,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._buffers = buffers if use_cuda_graph else None
         self._decode = _PagedDecode(kv_layout)
         self._kv_dtype, self._scale = None, None   # plan()'s
+        # FlashInfer's record of plan()'s attention options, which vLLM's decode asserts before run()
+        self._window_left, self._logits_soft_cap, self._sm_scale = -1, 0.0, None
 
     @property
     def is_cuda_graph_enabled(self) -> bool:
@@ -120,6 +122,17 @@ class BatchDecodeWithPagedKVCacheWrapper:
     @property
     def use_tensor_cores(self) -> bool:
         return self._use_tensor_cores
+
+    @property
+    def vllm_first_call(self) -> bool:
+        """Always True: vLLM's fast_plan_decode then plans through plan() (its other path writes
+        FlashInfer's private plan state, which this wrapper has not; plan() here is as fast and
+        keeps a captured run() valid)."""
+        return True
+
+    @vllm_first_call.setter
+    def vllm_first_call(self, value) -> None:
+        del value
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads: int, num_kv_heads: int, head_dim: int,
              page_size: int, *deprecated_positional_args, pos_encoding_mode: str = "NONE", window_left: int = -1,
@@ -154,6 +167,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if self._use_cuda_graph:
             indptr, indices, last_page_len = self._into_buffers(indptr, indices, last_page_len)
         self._kv_dtype, self._scale = kv, _scale(head_dim, sm_scale, None, None)
+        self._window_left, self._logits_soft_cap, self._sm_scale = window_left, logits_soft_cap or 0.0, sm_scale
         self._decode.plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
                           scale=self._scale)
 
