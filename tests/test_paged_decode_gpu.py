@@ -211,7 +211,8 @@ def test_k_and_v_as_views_of_one_buffer(page_size):
 def test_cuda_graph_replays_new_page_tables(page_size, first):
     """A graph captured around run() reads the tables of the latest plan() (same batch size and
     kv_indices buffer), requests longer than at capture included (a capture of short requests is
-    decode_tiny's, which then takes the rows block by block)."""
+    decode_tiny's, which then takes the rows block by block), and after a plan with max_kv_len
+    (which still copies the first page ids that decode_tiny reads)."""
     hq, hkv, d, capacity = 32, 8, 128, 13000 // page_size + 16   # pages enough for every table here
     nan = float("nan")
     q = torch.empty(3, hq, d, dtype=torch.bfloat16, device="cuda")
@@ -220,14 +221,14 @@ def test_cuda_graph_replays_new_page_tables(page_size, first):
     out = torch.empty_like(q)
     dec = pykda.BatchDecodeWithPagedKVCache()
 
-    def load(lens, seed):
+    def load(lens, seed, **plan_kw):
         """New data and page table in the captured buffers, planned."""
         q2, k2, v2, (indptr, idx, last) = make(lens, page_size, hq, hkv, d, "bfloat16", "NHD", seed)
         k.fill_(nan), v.fill_(nan)
         k[: k2.shape[0]], v[: k2.shape[0]] = k2, v2
         q.copy_(q2)
         indices[: len(idx)] = torch.from_numpy(idx).cuda()
-        dec.plan(indptr, indices, last, hq, hkv, d, page_size)
+        dec.plan(indptr, indices, last, hq, hkv, d, page_size, **plan_kw)
         return q2, k2, v2, (indptr, idx, last)
     load(first, 13)
     s = torch.cuda.Stream()
@@ -237,8 +238,9 @@ def test_cuda_graph_replays_new_page_tables(page_size, first):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=s):
         _, lse = dec.run(q, k, v, out=out, return_lse=True)
-    for seed, lens in ((14, [9000, 0, 5]), (15, [1, 2999, 64])):
-        q2, k2, v2, tables = load(lens, seed)
+    for seed, lens, plan_kw in ((14, [9000, 0, 5], {}), (15, [1, 2999, 64], {}),
+                                (16, [40, 3, 60], dict(max_kv_len=12000))):
+        q2, k2, v2, tables = load(lens, seed, **plan_kw)
         out.fill_(nan)
         graph.replay()
         torch.cuda.synchronize()

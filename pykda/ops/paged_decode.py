@@ -59,15 +59,14 @@ def snapshot_spec(arch: str) -> runtime.KernelSpec:
     return runtime.KernelSpec.make("page_snapshot", {}, arch)
 
 
-def snapshot_width(batch: int, q_heads: int, kv_heads: int, head_dim: int, page_size: int, device: int,
-                   chunk_size: int | None, stages: int | None, max_kv_len: int | None) -> int:
+def snapshot_width(batch: int, q_heads: int, kv_heads: int, head_dim: int, page_size: int, device: int) -> int:
     """Page ids per request that plan() copies after its tables: those of decode_tiny's most rows
-    where the planner may give a run of this batch to decode_tiny (requests short enough, within
-    `max_kv_len` where given), else 0. Whatever the lengths of this plan: a graph captured on
-    decode_tiny stays valid for the plans after it."""
+    where the planner may give a run of this batch and these heads to decode_tiny (short
+    requests, no chunk size or stages asked for), else 0. Whatever this plan's lengths and
+    settings: a graph captured on decode_tiny stays valid for the plans of this batch after it."""
     dev = runtime.device_info(device)
-    short = decode.DecodeProblem(max_kv_len or 1, q_heads, kv_heads, head_dim, "bfloat16", batch)
-    plan = decode.plan_decode(short, dev.sm_count, dev.smem_per_sm, chunk_size, stages, uneven=True, balanced=None,
+    short = decode.DecodeProblem(1, q_heads, kv_heads, head_dim, "bfloat16", batch)
+    plan = decode.plan_decode(short, dev.sm_count, dev.smem_per_sm, uneven=True, balanced=None,
                               gathered=decode.is_gathered(page_size), tiny=True)
     return -(-decode.TINY_ROWS[-1] // page_size) if plan.tiny else 0
 
@@ -330,8 +329,7 @@ class BatchDecodeWithPagedKVCache:
             longest = int(max_kv_len)
         decode.check_grid(decode.DecodeProblem(1, num_qo_heads, num_kv_heads, head_dim, "bfloat16", batch))
         runtime.require_gpu()
-        width = snapshot_width(batch, num_qo_heads, num_kv_heads, head_dim, page_size, pages.device, chunk_size,
-                               stages, max_kv_len) if snapshot else 0
+        width = snapshot_width(batch, num_qo_heads, num_kv_heads, head_dim, page_size, pages.device) if snapshot else 0
         layout = PagedLayout(batch, num_qo_heads, num_kv_heads, head_dim, page_size, self.kv_layout,
                              longest, pages.device, resolve_scale(scale, head_dim), chunk_size, stages, width)
         tables = np.concatenate([rows, starts]).astype(np.int32)
