@@ -223,7 +223,10 @@ def test_speculative_keywords_reach_the_eager_function(monkeypatch):
     ops.fused_recurrent_kda(**x, **KIMI, initial_state=pool, ssm_state_indices=table, num_accepted_tokens=acc,
                             state_v_first=True)
     assert seen["ssm_state_indices"] is table and seen["num_accepted_tokens"] is acc
-    assert seen["inplace_final_state"] is True and seen["state_indices"] is None
+    assert seen["inplace_final_state"] is True and seen["state_indices"] is None and seen["first_row"] == 0
+    ops.fused_recurrent_kda(**x, **KIMI, initial_state=pool, ssm_state_indices=table, state_v_first=True,
+                            first_row=1)   # vLLM's null block 0
+    assert seen["first_row"] == 1
 
 
 def test_balanced_reaches_the_eager_batch_decode(monkeypatch):
