@@ -47,22 +47,22 @@ def test_positional_order_and_defaults_are_vllms(name):
 
 @pytest.fixture(params=[True, False], ids=["today", "before"])
 def generation(request, monkeypatch):
-    """The installed vLLM's conventions (state_layout), each generation in turn."""
-    monkeypatch.setattr(vllm, "state_layout", lambda: request.param)
+    """The installed vLLM's conventions (vllm_keeps_v_first), each generation in turn."""
+    monkeypatch.setattr(vllm, "vllm_keeps_v_first", lambda: request.param)
     return request.param
 
 
 def test_the_installed_vllm_picks_the_conventions(monkeypatch):
-    """state_layout: today's where vLLM vendors fla under vllm.third_party, the older ones where it
+    """vllm_keeps_v_first: today's where vLLM vendors fla under vllm.third_party, the older ones where it
     does not; today's without vLLM."""
     import importlib.util
     found = {}
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: found.get(name, None))
     for present, today in (({}, True), ({"vllm": 1}, False), ({"vllm": 1, "vllm.third_party.flash_linear_attention": 1},
                                                               True)):
-        found.clear(), found.update(present), vllm.state_layout.cache_clear()
-        assert vllm.state_layout() is today
-    vllm.state_layout.cache_clear()
+        found.clear(), found.update(present), vllm.vllm_keeps_v_first.cache_clear()
+        assert vllm.vllm_keeps_v_first() is today
+    vllm.vllm_keeps_v_first.cache_clear()
 
 
 def test_prefill_as_vllms_layer_calls_it(calls, generation):

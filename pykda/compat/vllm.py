@@ -8,7 +8,7 @@ vLLM's conventions, kept here, in its two generations of vendored fla:
   written; `first_row=1` in pykda's terms); the decode's `ssm_state_indices` may be longer than
   its sequences (a CUDA graph's padded batch): only the first N are read;
 - before (`vllm.model_executor.layers.fla`): fla's K-first `[N, H, K, V]`, every index a row.
-`state_layout()` tells them apart by what the installed vLLM vendors (today's without vLLM); each
+`vllm_keeps_v_first()` tells them apart by what the installed vLLM vendors (today's without vLLM); each
 call's `state_v_first` keyword overrides it (True: today's conventions, False: the older ones).
 And in both:
 - `chunk_kda` and `fused_recurrent_kda` take g as the log-decay (vLLM's `fused_kda_gate` ran
@@ -31,7 +31,7 @@ from . import no_extra
 
 
 @functools.lru_cache(maxsize=None)
-def state_layout() -> bool:
+def vllm_keeps_v_first() -> bool:
     """Whether the installed vLLM's KDA kernels keep today's conventions (its fla vendored under
     `vllm.third_party.flash_linear_attention`: V-first states, row 0 the null block): True, or
     the older ones (under `vllm.model_executor.layers.fla`: K-first, every index a row): False.
@@ -45,7 +45,7 @@ def state_layout() -> bool:
 
 
 def _v_first(state_v_first: bool | None) -> bool:
-    return state_layout() if state_v_first is None else bool(state_v_first)
+    return vllm_keeps_v_first() if state_v_first is None else bool(state_v_first)
 
 
 def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, output_final_state: bool = False,
