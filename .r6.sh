@@ -1,1 +1,0 @@
-bash docs/studies/decode_tiny/land_round.sh
