@@ -418,7 +418,8 @@ def test_stubbed_padded_batch_decode_reads_the_call_values():
 
 @pytest.mark.parametrize("page_size", [8, 16])   # pages gathered (no tensor maps), pages read by TMA
 def test_stubbed_paged_run_reads_the_call_values(page_size):
-    """BatchDecodeWithPagedKVCache: plan() copies the rows and first page entries to its tables;
+    """BatchDecodeWithPagedKVCache: plan() copies the rows and first page entries to its tables
+    (and launches page_snapshot for the first page ids after them: a batch decode_tiny may run);
     two run()s (split) with other queries and caches: the driver reads each run's q, the maps of its
     caches (zeros where pages are gathered), the tables (rows, then first entries), the page ids,
     the new out and LSE, the workspace and the caches beside the prepared strides and the pages'
@@ -433,10 +434,11 @@ def test_stubbed_paged_run_reads_the_call_values(page_size):
     indices = torch.randperm(num_pages, generator=torch.Generator().manual_seed(3))[:sum(pages)].to(torch.int32)
     calls = []
     with stubbed_gpu(twin) as gpu:
-        seen = _driver_reads(decode.KERNEL_SIGNATURE, decode.MERGE_SIGNATURE)
         dec = paged_decode.BatchDecodeWithPagedKVCache("NHD")
         dec.plan(indptr, indices, last, hq, hkv, D, page_size, chunk_size=64)   # split: ceil(600 / 64) = 10 chunks (more than a cluster)
-        assert dec._tables.tolist() == [*lens, *indptr[:-1]]
+        assert dec._tables[:2 * len(lens)].tolist() == [*lens, *indptr[:-1]]
+        assert dec._tables.numel() == (2 + dec._layout.snap_width) * len(lens) and dec._layout.snap_width > 0
+        seen = _driver_reads(decode.KERNEL_SIGNATURE, decode.MERGE_SIGNATURE)   # run()'s launches
         for _ in range(2):
             q = torch.randn(len(lens), hq, D).to(bf)
             k, v = (torch.empty(num_pages, page_size, hkv, D, dtype=bf) for _ in "kv")
@@ -446,7 +448,7 @@ def test_stubbed_paged_run_reads_the_call_values(page_size):
         call = paged_decode.PREPARED.last[1]
     tables = dec._tables.data_ptr()
     assert call.plan.n_chunks == 10 and len(seen) == 4 and len(gpu.scratch) == 2   # the last of 24 rows
-    assert set(gpu.kernels) == {"decode_partial", "decode_merge"}
+    assert set(gpu.kernels) == {"page_snapshot", "decode_partial", "decode_merge"}
     for (_, params, geometry), (_, merge, merge_geometry), (q, k, v, o, lse) in zip(seen[0::2], seen[1::2], calls):
         ws = _workspace(call, gpu.scratch)
         assert geometry == ((call.plan.n_chunks, hkv, len(lens)), ((decode.WARPS + 1) * 32, 1, 1), call.plan.smem, 0)
