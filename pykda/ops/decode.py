@@ -154,6 +154,12 @@ def is_gathered(page_size: int) -> bool:
     return 0 < page_size < TMA_MIN_PAGE
 
 
+def page_shift(page_size: int) -> int:
+    """log2 of a page size (a power of two: decode_tiny and page_snapshot find a row's page by
+    shifts); 0 for a padded cache."""
+    return max(page_size.bit_length() - 1, 0)
+
+
 def tile_rows(head_dim: int, kv_len: int) -> int:
     """KV rows per pipeline tile: the head dim's, or SHORT_TILE_ROWS where the sequence fits in that."""
     return SHORT_TILE_ROWS if kv_len <= SHORT_TILE_ROWS else TILE_ROWS[head_dim]
@@ -664,7 +670,7 @@ def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q:
         args = (at["q"], *row_strides(q.strides, batched), at["k_cache"], at["v_cache"], *map(np.int64, kv_strides),
                 at["kv_lens"], i32(max_rows), i32(p.group), np.float32(scale), at["out"],
                 *row_strides(out_strides, batched), at["lse"], at["kv_indptr"], at["kv_indices"], pages[0],
-                i32(max(page_size.bit_length() - 1, 0)), i32(snap_width))
+                i32(page_shift(page_size)), i32(snap_width))
         launches = (bound_launch(spec, q.device, values, "decode_tiny", TINY_SIGNATURE, args, plan.grid(p),
                                  plan.threads, plan.smem),)
         return DecodeCall(p, plan, values, launches, no_map, no_map, no_map, no_map, rows, 0, 0)

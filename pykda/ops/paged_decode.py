@@ -345,7 +345,7 @@ class BatchDecodeWithPagedKVCache:
                                         "page_snapshot")
             kernel.launch((-(-batch * width // SNAPSHOT_THREADS), 1, 1), (SNAPSHOT_THREADS, 1, 1),
                           (self._tables_ptr, pages.ptr, np.int32(batch), np.int32(width),
-                           np.int32(page_size.bit_length() - 1)), 0, stream)
+                           np.int32(decode.page_shift(page_size))), 0, stream)
         self._indices, self._indices_ptr = pages_obj, pages.ptr
         self._layout = layout
 
