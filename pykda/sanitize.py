@@ -85,6 +85,8 @@ TESTS = (
     "tests/test_paged_decode_gpu.py::test_short_requests_take_decode_tiny[16-NHD-64-8-128-bfloat16]",   # decode_tiny paged
     "tests/test_paged_decode_gpu.py::test_cuda_graph_replays_new_page_tables[16-first3]",   # decode_tiny over longer rows
     "tests/test_paged_decode_gpu.py::test_page_ids_outside_the_pool_read_zeros[128]",
+    "tests/test_paged_decode_gpu.py::test_one_tile_ctas_gather_pages_of_every_size[16-HND-256]",   # one-tile gather
+    "tests/test_paged_decode_gpu.py::test_a_one_tile_graph_replays_longer_requests",   # its one stage over many tiles
     "tests/test_paged_decode_gpu.py::test_few_long_requests_take_the_balanced_split[1]",    # balanced, gathered pages
     "tests/test_paged_decode_gpu.py::test_few_long_requests_take_the_balanced_split[16]",   # balanced, a TMA box a page
     # KDA prefill (kda_prepare, kda_recurrence): every gate mode, state pool, both layouts

@@ -367,6 +367,7 @@ def test_decode_family_registers_every_kernel_the_planner_picks():
     one_stage = [s.param_dict for s in specs if s.param_dict["STAGES"] == 1]
     assert (len(one_stage) == (sum(caches.values()) + len(decode.DTYPES)) * one_tile
             and all(d["TRANSPOSED"] and d["WARPS"] == 2 for d in one_stage))
+    assert all(d["GATHER"] == (d["PAGE"] > 0) for d in one_stage), "one-tile CTAs gather pages of every size"
     specs = set(specs)
     rng = np.random.default_rng(5)
     for _ in range(200):

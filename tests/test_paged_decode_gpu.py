@@ -117,6 +117,61 @@ def test_short_requests_take_decode_tiny(page_size, layout, hq, hkv, d, dtype):
     check(o, lse, expected(q, k, v, tables, layout), lens, dtype)
 
 
+ONE_TILE_CASES = [(16, "NHD", 128), (16, "HND", 256), (64, "HND", 64), (128, "NHD", 128)]
+
+
+@pytest.mark.parametrize("page_size, layout, d", ONE_TILE_CASES)
+def test_one_tile_ctas_gather_pages_of_every_size(page_size, layout, d):
+    """A batch of many requests within a tile (more units than decode_tiny takes): one-tile CTAs,
+    which gather their rows with cp.async on pages of any size (not TMA boxes); lengths 0..64
+    (0, 1, 64 and a page and one row among them), shuffled and shared pages, NaN elsewhere."""
+    lens = [0, 1, 64, min(page_size + 1, 64), 33] + np.random.default_rng(page_size + d).integers(0, 65, 35).tolist()
+    plan, spec = pd.plan_for(pd.DecodeProblem(64, 32, 8, d, "bfloat16", len(lens)), 0, None, None, page_size,
+                             uneven=True, balanced=None)
+    assert plan.one_tile and not plan.tiny and spec.param_dict["GATHER"], plan
+    q, k, v, tables = make(lens, page_size, 32, 8, d, "bfloat16", layout, seed=page_size + d + 5)
+    o, lse = decode(q, k, v, tables, page_size, layout, 8)
+    check(o, lse, expected(q, k, v, tables, layout), lens, "bfloat16")
+
+
+def test_a_one_tile_graph_replays_longer_requests():
+    """A graph captured on one-tile CTAs (gathered pages of 16) and replayed after a plan of longer
+    requests: each CTA then walks its request's tiles through its one stage."""
+    page_size, hq, hkv, d, batch = 16, 32, 8, 128, 40   # 320 units: more than decode_tiny takes
+    first = np.random.default_rng(1).integers(0, 65, batch).tolist()
+    later = np.random.default_rng(2).integers(0, 400, batch).tolist()
+    capacity = sum(-(-n // page_size) for n in later) + 16
+    q = torch.empty(batch, hq, d, dtype=torch.bfloat16, device="cuda")
+    k, v = (torch.empty(capacity, page_size, hkv, d, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    indices = torch.zeros(capacity, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    dec = pykda.BatchDecodeWithPagedKVCache()
+
+    def load(lens, seed):
+        q2, k2, v2, (indptr, idx, last) = make(lens, page_size, hq, hkv, d, "bfloat16", "NHD", seed)
+        k.fill_(float("nan")), v.fill_(float("nan"))
+        k[: k2.shape[0]], v[: k2.shape[0]] = k2, v2
+        q.copy_(q2)
+        indices[: len(idx)] = torch.from_numpy(idx).cuda()
+        dec.plan(indptr, indices, last, hq, hkv, d, page_size)
+        return q2, k2, v2, (indptr, idx, last)
+    load(first, 21)
+    assert pd.plan_for(pd.DecodeProblem(64, hq, hkv, d, "bfloat16", batch), 0, None, None, page_size, uneven=True,
+                       balanced=None)[0].one_tile
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        dec.run(q, k, v, out=out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        _, lse = dec.run(q, k, v, out=out, return_lse=True)
+    q2, k2, v2, tables = load(later, 22)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    check(out, lse, expected(q2, k2, v2, tables, "NHD"), later, "bfloat16")
+
+
 @pytest.mark.parametrize("page_size", [1, 8, 16, 128])
 def test_plan_copies_the_first_page_ids_after_its_tables(page_size):
     """page_snapshot: after plan(), the tables hold the rows, the first page entries, then each

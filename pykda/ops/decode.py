@@ -53,7 +53,8 @@ DEFAULT_STAGES = {64: 3, 128: 3, 256: 3}   # D 64 at 3 (two CTAs an SM) rather t
 # keep two CTAs an SM (their loads are the producer warp's cp.async): pages of 1, H100, a few units'
 # paged / padded µs went from 1.00 to 1.06 at 4 stages (2 x 64/4 KV 500000: 692.4 / 655.1).
 FEW_UNITS_STAGES = {128: 4}
-TMA_MIN_PAGE = 16     # pages of fewer rows are gathered with cp.async rather than TMA boxes
+TMA_MIN_PAGE = 16     # pages of fewer rows are gathered with cp.async rather than TMA boxes, and so are one-tile
+                      # CTAs' pages of any size (DecodePlan.gathers)
 # Padded caches with lengths on the device: rows per TMA box of a chunk's last, partial tile, so
 # that a CTA reads no box wholly past its sequence's length (a 64-row tile of a sequence of 20 rows:
 # 32 rows read, not 64); its whole tiles come in one box a sub-tile. H200, µs, whole tiles -> boxes
@@ -119,6 +120,7 @@ class DecodePlan:
                           # length unread (0: a box a tile)
     tiny: bool = False    # decode_tiny instead of decode_partial (block_n: its most rows; no pipeline)
     streams: int = 0      # decode_tiny's row streams
+    one_tile: bool = False   # `one_tile_ctas` at one stage (ONE_TILE_WARPS consumer warps)
 
     @property
     def split(self) -> bool:
@@ -129,6 +131,16 @@ class DecodePlan:
         """Threads of a CTA of the plan's kernel: decode_tiny's warps, or decode_partial's consumer
         warps and its producer."""
         return 32 * (self.warps if self.tiny else self.warps + 1)
+
+    def gathers(self, page_size: int) -> bool:
+        """Whether this plan's kernel gathers pages of `page_size` rows (0: a padded cache) row by row
+        with cp.async: pages below TMA_MIN_PAGE rows, and one-tile CTAs' pages of any size, where the
+        producer's 32 lanes, a row each, reach the rows sooner than its TMA boxes issued one by one
+        from one lane. H100, µs, shuffled HND pages, TMA boxes -> gathered (the padded cache;
+        docs/studies/paged_one_tile): 256 x 32/8 KV 64~ D 128 pages of 16 24.7 -> 24.1, of 64 32.5
+        -> 24.1 (22.6); 256 x 32/4 KV 32~ D 256 pages of 16 21.4 -> 19.9 (20.8); 1024 x 32/8 KV 64~
+        pages of 16 77.5 -> 72.6, of 64 106.6 -> 73.3 (69.2); 256 x 8/1 KV 64~ pages of 16 9.8 -> 9.9."""
+        return is_gathered(page_size) or (page_size > 0 and self.one_tile)
 
     @property
     def merge_launch(self) -> bool:
@@ -437,13 +449,14 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
                       warps=warps,
                       merge_warps=merge_warps(merge_rows(p, 0), p.head_dim, n_chunks, sm_count),
                       cluster=merge_cluster(n_chunks) if spread or cluster_pays(tiles, n_chunks * units, slots) else 0,
-                      box_rows=PADDED_BOX_ROWS if uneven and block_n > PADDED_BOX_ROWS else 0)
+                      box_rows=PADDED_BOX_ROWS if uneven and block_n > PADDED_BOX_ROWS else 0,
+                      one_tile=one_tile and stages == 1)
 
 
 @functools.lru_cache(maxsize=1024)
 def decode_spec(p: DecodeProblem, plan: DecodePlan, arch: str, page_size: int = 0) -> runtime.KernelSpec:
     """The kernel of `plan` (whatever its chunk: an argument); `page_size` > 0 reads a paged cache
-    (gathered below TMA_MIN_PAGE rows)."""
+    (gathered where `plan.gathers` it)."""
     if plan.tiny:
         return runtime.KernelSpec.make("decode_tiny", {
             "D": p.head_dim, "DTYPE": CTYPES[p.dtype], "ROWS": plan.block_n, "HEADS": tiny_heads(plan.heads_per_cta),
@@ -452,7 +465,7 @@ def decode_spec(p: DecodeProblem, plan: DecodePlan, arch: str, page_size: int = 
     return runtime.KernelSpec.make("decode", {
         "D": p.head_dim, "DTYPE": CTYPES[p.dtype], "BLOCK_N": plan.block_n, "STAGES": plan.stages,
         "WARPS": plan.warps, "TRANSPOSED": transposed(plan.heads_per_cta), "SPLIT": plan.split, "PAGE": page_size,
-        "GATHER": is_gathered(page_size), "CLUSTER": plan.cluster,
+        "GATHER": plan.gathers(page_size), "CLUSTER": plan.cluster,
         **({"PADDED_BOX_ROWS": plan.box_rows} if plan.box_rows and not page_size else {}),
         **({"BALANCED": BALANCED_MAX_BATCH, "UNIT_COST": BALANCED_UNIT_COST} if plan.balanced else {"BALANCED": 0}),
         "MERGE_THREADS": MERGE_THREADS,

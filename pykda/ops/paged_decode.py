@@ -5,7 +5,8 @@ Request b's pages are `kv_indices[kv_indptr[b]:kv_indptr[b + 1]]`, in order; its
 `kv_last_page_len[b]` rows. The caches are `[num_pages, page_size, num_kv_heads, head_dim]`
 ("NHD") or `[num_pages, num_kv_heads, page_size, head_dim]` ("HND"). The kernel is the flash
 decoding kernel of `decode` with paged addressing (a template flag): pages of 16 rows or more
-arrive by TMA, a box per page per tile; smaller pages are gathered row by row with cp.async. A
+arrive by TMA, a box per page per tile; smaller pages, and the pages of one-tile CTAs (requests
+within a tile: `DecodePlan.gathers`), are gathered row by row with cp.async. A
 short call of few CTAs (every request within 64 rows, as for padded caches: `decode.tiny_pays`)
 runs decode_tiny, which copies its rows through the page table with cp.async.
 
@@ -174,7 +175,7 @@ def prepare_paged(q, k, v, out, layout: PagedLayout) -> decode.DecodeCall:
     plan, spec = decode.plan_for(p, q.device, layout.chunk_size, layout.stages, layout.page_size, uneven=p.batch > 1,
                                  balanced=None)
     (num_pages, _, _, _), (page_stride, row_stride, head_stride, _) = decode.kv_view(k, True, layout.kv_layout)
-    if decode.is_gathered(layout.page_size):
+    if plan.gathers(layout.page_size):
         k_maps = v_maps = decode.no_map
     else:   # (head_dim, kv_heads, page_size, num_pages) boxes of a page's rows (at most a tile)
         box_rows = min(plan.block_n, layout.page_size)
