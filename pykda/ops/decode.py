@@ -136,10 +136,11 @@ class DecodePlan:
         """Whether this plan's kernel gathers pages of `page_size` rows (0: a padded cache) row by row
         with cp.async: pages below TMA_MIN_PAGE rows, and one-tile CTAs' pages of any size, where the
         producer's 32 lanes copy just the request's rows (a TMA box of a page of 64 or 128 rows reads
-        all of it, past a short request's end) and reach them no later than boxes of 16. H100, µs, shuffled HND pages, TMA boxes -> gathered (the padded cache;
-        docs/studies/paged_one_tile): 256 x 32/8 KV 64~ D 128 pages of 16 24.7 -> 24.1, of 64 32.5
-        -> 24.1 (22.6); 256 x 32/4 KV 32~ D 256 pages of 16 21.4 -> 19.9 (20.8); 1024 x 32/8 KV 64~
-        pages of 16 77.5 -> 72.6, of 64 106.6 -> 73.3 (69.2); 256 x 8/1 KV 64~ pages of 16 9.8 -> 9.9."""
+        all of it, past a short request's end) and reach them no later than boxes of 16. H100, µs,
+        shuffled HND pages, TMA boxes -> gathered (the padded cache; docs/studies/paged_one_tile):
+        256 x 32/8 KV 64~ D 128 pages of 16 24.7 -> 24.1, of 64 32.5 -> 24.1 (22.6); 256 x 32/4 KV
+        32~ D 256 pages of 16 21.4 -> 19.9 (20.8); 1024 x 32/8 KV 64~ pages of 16 77.5 -> 72.6, of
+        64 106.6 -> 73.3 (69.2); 256 x 8/1 KV 64~ pages of 16 9.8 -> 9.9."""
         return is_gathered(page_size) or (page_size > 0 and self.one_tile)
 
     @property
