@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--grid", action="store_true",
                    help="decode: issue 13's grid of 42 shapes (head ratios, D 64/128/256, lengths 1..1M, uneven "
                         "batches) with a summary line: pykda against the best peer, worst and median; paged-decode: "
-                        "the grid's batches on shuffled pages of 16 and 1 rows against FlashInfer's paged wrapper")
+                        "the grid's batches on shuffled pages of 16, 64 and 1 rows against FlashInfer's paged wrapper")
     b.add_argument("--shapes", default=None,
                    help="decode, kda, paged-decode: shapes to run instead of the bench's own. decode: HQ/HKV:KV_LEN or "
                         "BATCHxHQ/HKV:KV_LEN (the padded-batch op), each with an optional :HEAD_DIM (default 128), e.g. "

@@ -370,9 +370,10 @@ def test_decode_grid_summary_names_the_rows_a_peer_leads():
     assert line.endswith("; a peer ahead on 2: 32/8 S=17 D=64 0.85 (fi), 64/8 S=513 B=256 D=128 0.98 (fi-tc)")
 
 
-def test_paged_grid_summary_names_the_rows_flashinfer_leads():
+def test_paged_grid_summary_names_the_rows_flashinfer_leads(monkeypatch):
     """A line per page size; each names the rows where FlashInfer's faster path leads, with it."""
     from pykda.bench import paged_decode
+    monkeypatch.setattr(paged_decode, "GRID_PAGES", (16, 1))
 
     def row(batch, kv_len, us16, us1, fi16, fitc16, fi1):
         return {"batch": batch, "hq": 32, "hkv": 8, "kv_len": kv_len, "D": 128, "padded": 10.0, "paged_16": us16,

@@ -136,7 +136,7 @@ def _print_table(rows):
             print(f"{r['batch']:>4}x{r['hq']}/{r['hkv']}:{r['kv_len']:<6} {layout:>6} " + " ".join(cells))
 
 
-GRID_PAGES = (16, 1)   # FlashInfer's and vLLM's usual page, SGLang's token pool
+GRID_PAGES = (16, 64, 1)   # FlashInfer's and vLLM's usual page, a large one (issue 13 names both), SGLang's token pool
 
 
 def shuffled_pages(xs, lens, page: int, seed: int):

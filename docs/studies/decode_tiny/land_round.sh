@@ -12,7 +12,7 @@ grep -E "PASS|FAIL" $OUT/sanitize.log | cut -c1-200
 timeout 90 python docs/studies/decode_tiny/ab.py > $OUT/ab.log 2>&1
 timeout 60 python docs/studies/decode_tiny/paged_short.py > $OUT/paged_short.log 2>&1
 [ "$1" = nogrid ] || timeout 150 python -m pykda bench decode --grid --max-seconds 130 --json $OUT/grid.json > $OUT/grid.log 2>&1
-[ "$1" = nogrid ] || timeout 80 python -m pykda bench paged-decode --grid --max-seconds 65 --json $OUT/paged.json > $OUT/paged.log 2>&1
+[ "$1" = nogrid ] || timeout 130 python -m pykda bench paged-decode --grid --max-seconds 110 --json $OUT/paged.json > $OUT/paged.log 2>&1
 grep -v Warn $OUT/ab.log | tail -20
 grep -E "^grid:|copy:" $OUT/grid.log; grep -E "^paged grid" $OUT/paged.log
 grep -v -i warn $OUT/paged_short.log | tail -9
