@@ -233,14 +233,14 @@ def test_first_row_reaches_the_kernel_and_is_checked(fake_launch):
     """first_row (vLLM's null block 0: first_row=1) is a constant of the prepared call, after P;
     another first_row is another call; a bad one raises before any launch."""
     a = args(state=arr((16, 8, 128, 128), ptr=BASE * 5))
-    for first in (1, 0, 1):
+    for first in (1, 0, 1, np.int32(1)):   # (a NumPy int as the same Python int)
         _call(a, **SAFE_GATE_FLAGS._asdict(), state_v_first=True, out=arr((4, 1, 8, 128), ptr=BASE * 2), stream=7,
               first_row=first)
-    assert [launch_args[8:11] for _, launch_args, _ in fake_launch] == [(BASE * 5, 16, f) for f in (1, 0, 1)]
+    assert [launch_args[8:11] for _, launch_args, _ in fake_launch] == [(BASE * 5, 16, f) for f in (1, 0, 1, 1)]
     for bad in (-1, 1.0, True, None):
         with pytest.raises(ValueError, match=r"first_row must be a non-negative int; got"):
             _call(a, **SAFE_GATE_FLAGS._asdict(), stream=7, first_row=bad)
-    assert len(fake_launch) == 3
+    assert len(fake_launch) == 4
     check_state_indices(np.array([0, 0, 3, -1]), 8, first_row=1)   # rows below 1: padding, never repeated
     with pytest.raises(ValueError, match=r"state_indices repeats pool rows \[0\]"):
         check_state_indices(np.array([0, 0, 3, -1]), 8)

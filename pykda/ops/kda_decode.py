@@ -491,8 +491,9 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
     if not inplace_final_state:
         raise ValueError("inplace_final_state=False is not supported: fused_recurrent_kda updates the pool "
                          "initial_state in place")
-    if type(first_row) is not int or first_row < 0:
+    if not is_int(first_row) or first_row < 0:
         raise ValueError(f"first_row must be a non-negative int; got {first_row!r}")
+    first_row = int(first_row)   # (a NumPy int keys the prepared call as the same Python int)
     arrays = CallArrays((q, k, v, g, beta, A_log, dt_bias, initial_state, state_indices, num_accepted_tokens,
                          cu_seqlens, out, intermediate_states_buffer, intermediate_state_indices, retrieve_parent_token),
                         ARGUMENTS, REQUIRED)
