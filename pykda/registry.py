@@ -21,10 +21,10 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
     dtype, split or not (merged by decode_merge or in a cluster of 2, 4 or 8 CTAs, or the balanced
     split), a cache (padded, or paged with each page size of pykda.BatchDecodeWithPagedKVCache,
     gathered below 16 rows and in one-tile CTAs), and CTAs of at most 8 query heads (transposed
-    products: 32/8 heads) or more (64/4). Padded caches also take each chunked kernel with its chunks' last tiles in boxes
-    of PADDED_BOX_ROWS rows (a batch with lengths on the device, which any of them may run). And
-    decode_tiny, the short calls' kernel (padded or paged): rows (TINY_ROWS), a head dim, a dtype and a group of 1,
-    2, 4 or 8 (those within its TINY_MAX_COLUMNS)."""
+    products: 32/8 heads) or more (64/4). Padded caches also take each chunked kernel with its
+    chunks' last tiles in boxes of PADDED_BOX_ROWS rows (a batch with lengths on the device, which
+    any of them may run). And decode_tiny, the short calls' kernel (padded or paged): rows
+    (TINY_ROWS), a head dim, a dtype and a group of 1, 2, 4 or 8 (those within its TINY_MAX_COLUMNS)."""
     from .ops.decode import (CLUSTERS, DTYPES, HEAD_DIMS, PADDED_BOX_ROWS, TILE_ROWS, TINY_ROWS, DecodeProblem,
                              decode_spec, decode_stages, is_gathered, plan_decode)
     from .ops.paged_decode import PAGE_SIZES, snapshot_spec

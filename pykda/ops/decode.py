@@ -413,9 +413,10 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
                           warps=tiny_threads(p.head_dim, heads, streams) // 32, tiny=True, streams=streams,
                           smem=tiny_smem_bytes(p.head_dim, rows, heads, streams))
     stages = stages or (1 if one_tile else decode_stages(p.head_dim, units, sm_count, gathered))
-    if one_tile and stages == 1 and p.kv_len <= ONE_TILE_SHORT_ROWS:
+    one_stage = one_tile and stages == 1   # the one-tile CTAs' kernel (DecodePlan.one_tile)
+    if one_stage and p.kv_len <= ONE_TILE_SHORT_ROWS:
         block_n = ONE_TILE_SHORT_ROWS
-    warps = ONE_TILE_WARPS if one_tile and stages == 1 else WARPS
+    warps = ONE_TILE_WARPS if one_stage else WARPS
     slots = sm_count * ctas_per_sm(p.head_dim, block_n, stages, smem_per_sm, heads_per_cta, warps)
     n_tiles = -(-p.kv_len // block_n)
     if chunk_size is not None:
@@ -451,7 +452,7 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
                       merge_warps=merge_warps(merge_rows(p, 0), p.head_dim, n_chunks, sm_count),
                       cluster=merge_cluster(n_chunks) if spread or cluster_pays(tiles, n_chunks * units, slots) else 0,
                       box_rows=PADDED_BOX_ROWS if uneven and block_n > PADDED_BOX_ROWS else 0,
-                      one_tile=one_tile and stages == 1)
+                      one_tile=one_stage)
 
 
 @functools.lru_cache(maxsize=1024)
