@@ -8,8 +8,9 @@ the replays; a capture on a stream never used before. Every replay and eager cal
 against the float64 references, and torch's RNG must work afterwards (a capture broken by an
 allocation inside it leaves the RNG unusable for the rest of the process).
 
-Each op is a case: `inputs(size)` makes the static inputs of one graph, `refill(x, seed)` copies
-new data into them (returning what the check needs), `call(x)` runs the op, `check` compares.
+Each op is a case (paged decode's run() among them, planned again before each replay):
+`inputs(size)` makes the static inputs of one graph, `refill(x, seed)` copies new data into them
+(returning what the check needs), `call(x)` runs the op, `check` compares.
 """
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from pykda.ops.decode import DecodeProblem, plan_decode
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 cp = pytest.importorskip("cupy")
+import test_paged_decode_gpu as paged  # noqa: E402  (its page tables, float64 reference and check)
 SIZES = (1, 2, 3, 4, 5, 6, 7, 8)   # one graph each
 TOL = 1e-2
 LSE_TOL = 2e-3
@@ -241,6 +243,46 @@ class FusedRecurrentKda:
         assert torch.equal(self.pool[untouched], before[untouched]), "rows of no sequence stay as they were"
 
 
+class PagedDecode:
+    """BatchDecodeWithPagedKVCache.run of B requests of 0..640 rows on shuffled NHD pages of 16 rows
+    (8 query heads over 2 KV heads; test_paged_decode_gpu's tables: shared prefix pages, NaN in every
+    row no request reads), one pool and kv_indices buffer per graph; each refill writes new data and
+    a new page table into them and plans it again, as a serving step plans before its replay (same
+    batch, same kv_indices buffer: the captured run stays valid)."""
+    PAGE, MAX_PAGES, HQ, HKV = 16, 40, 8, 2
+    sizes = SIZES
+
+    def inputs(self, B):
+        bf = dict(device="cuda", dtype=torch.bfloat16)
+        pool = B * self.MAX_PAGES + 5   # (page_table's spare pages)
+        return dict(q=torch.empty(B, self.HQ, 128, **bf), k=torch.empty(pool, self.PAGE, self.HKV, 128, **bf),
+                    v=torch.empty(pool, self.PAGE, self.HKV, 128, **bf),
+                    kv_indices=torch.zeros(pool, device="cuda", dtype=torch.int32),
+                    dec=pykda.BatchDecodeWithPagedKVCache("NHD"))
+
+    def refill(self, x, seed):
+        B, longest = x["q"].shape[0], self.PAGE * self.MAX_PAGES
+        rng = np.random.default_rng(seed)
+        lens = [int(n) for n in rng.integers(0, longest + 1, B)]
+        lens[rng.integers(B)] = int(rng.choice([0, 1, longest]))
+        q, k, v, tables = paged.make(lens, self.PAGE, self.HQ, self.HKV, 128, "bfloat16", "NHD", seed)
+        indptr, ids, last = tables
+        x["q"].copy_(q)
+        for name, pages in (("k", k), ("v", v)):
+            x[name].fill_(float("nan"))
+            x[name][: pages.shape[0]] = pages
+        x["kv_indices"][: ids.size].copy_(torch.from_numpy(ids))
+        x["dec"].plan(indptr, x["kv_indices"], last, self.HQ, self.HKV, 128, self.PAGE)
+        return lens, tables
+
+    def call(self, x):
+        return x["dec"].run(x["q"], x["k"], x["v"], return_lse=True)
+
+    def check(self, x, outs, info):
+        (o, lse), (lens, tables) = outs, info
+        paged.check(o, lse, paged.expected(x["q"], x["k"], x["v"], tables, "NHD"), lens, "bfloat16")
+
+
 def replay_and_check(case, graph, x, outs, seed):
     info = case.refill(x, seed)
     graph.replay()
@@ -350,6 +392,14 @@ def test_tiny_batch_decode_torch_idiom():
 def test_tiny_batch_decode_shared_pool_and_fresh_stream():
     assert_tiny([TinyBatchDecode.problem(B) for B in SIZES])
     shared_pool_and_fresh_stream(TinyBatchDecode())
+
+
+def test_paged_decode_torch_idiom():
+    torch_idiom(PagedDecode())
+
+
+def test_paged_decode_shared_pool_and_fresh_stream():
+    shared_pool_and_fresh_stream(PagedDecode())
 
 
 def test_fused_recurrent_kda_torch_idiom():

@@ -158,12 +158,13 @@ def test_a_one_tile_graph_replays_longer_requests():
     load(first, 21)
     assert pd.plan_for(pd.DecodeProblem(64, hq, hkv, d, "bfloat16", batch), 0, None, None, page_size, uneven=True,
                        balanced=None)[0].one_tile
-    s = torch.cuda.Stream()
+    s = torch.cuda.Stream()   # torch's documented capture: a warm-up on a side stream, then torch.cuda.graph(g)
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         dec.run(q, k, v, out=out)
+    torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=s):
+    with torch.cuda.graph(graph):
         _, lse = dec.run(q, k, v, out=out, return_lse=True)
     q2, k2, v2, tables = load(later, 22)
     out.fill_(float("nan"))
