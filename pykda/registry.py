@@ -23,15 +23,19 @@ def decode_specs(arch: str) -> Iterator[KernelSpec]:
     gathered below 16 rows and in one-tile CTAs), and CTAs of at most 8 query heads (transposed
     products: 32/8 heads) or more (64/4). Padded caches also take each chunked kernel with its
     chunks' last tiles in boxes of PADDED_BOX_ROWS rows (a batch with lengths on the device, which
-    any of them may run). And decode_tiny, the short calls' kernel (padded or paged): rows
+    any of them may run); their one-tile CTAs gather their rows in their warps, and keep the TMA
+    kernels for a K and V of different strides. And decode_tiny, the short calls' kernel (padded or paged): rows
     (TINY_ROWS), a head dim, a dtype and a group of 1, 2, 4 or 8 (those within its TINY_MAX_COLUMNS)."""
     from .ops.decode import (CLUSTERS, DTYPES, HEAD_DIMS, PADDED_BOX_ROWS, TILE_ROWS, TINY_ROWS, DecodeProblem,
                              decode_spec, decode_stages, is_gathered, plan_decode)
     from .ops.paged_decode import PAGE_SIZES, snapshot_spec
 
-    def spec(p, plan, page):   # and, for padded caches, the kernel with its tails in boxes
+    def spec(p, plan, page):   # and, for padded caches, the kernel with its tails in boxes (and where the
+                               # warps gather their rows, the TMA kernels for K and V of different strides)
         yield decode_spec(p, plan, arch, page)
-        if not page and plan.block_n > PADDED_BOX_ROWS:
+        if not page and plan.self_gather:
+            yield from spec(p, dataclasses.replace(plan, self_gather=False), page)
+        elif not page and plan.block_n > PADDED_BOX_ROWS:
             yield decode_spec(p, dataclasses.replace(plan, box_rows=PADDED_BOX_ROWS), arch, page)
     for page in (0,) + PAGE_SIZES:
         gathered = is_gathered(page)

@@ -74,6 +74,8 @@ TESTS = (
     "tests/test_batch_decode_gpu.py::test_split_sequences_of_different_lengths_and_scale[512-1]",  # a warp a row
     "tests/test_batch_decode_gpu.py::test_split_sequences_merge_in_clusters[384-4]",   # clusters of 4, 3 chunks: DSMEM
     "tests/test_batch_decode_gpu.py::test_strided_hnd_views_of_a_larger_cache",
+    "tests/test_batch_decode_gpu.py::test_one_tile_ctas_gather_their_rows_or_read_boxes[128-HND-True]",   # warps' gather
+    "tests/test_batch_decode_gpu.py::test_one_tile_ctas_gather_their_rows_or_read_boxes[128-NHD-False]",  # one-tile TMA
     "tests/test_batch_decode_gpu.py::test_balanced_split_matches_reference[300-200-16-16-128-float16-NHD]",   # balanced: many units a CTA
     "tests/test_batch_decode_gpu.py::test_balanced_split_matches_reference[7-4097-64-2-128-bfloat16-NHD]",    # balanced: two head blocks
     # flash decoding, a paged cache: cp.async gather (page 1) and TMA boxes (16, 128), bad page ids
@@ -85,7 +87,7 @@ TESTS = (
     "tests/test_paged_decode_gpu.py::test_short_requests_take_decode_tiny[16-NHD-64-8-128-bfloat16]",   # decode_tiny paged
     "tests/test_paged_decode_gpu.py::test_cuda_graph_replays_new_page_tables[16-first3]",   # decode_tiny over longer rows
     "tests/test_paged_decode_gpu.py::test_page_ids_outside_the_pool_read_zeros[128]",
-    "tests/test_paged_decode_gpu.py::test_one_tile_ctas_gather_pages_of_every_size[16-HND-256]",   # one-tile gather
+    "tests/test_paged_decode_gpu.py::test_one_tile_ctas_gather_pages_of_every_size[16-HND-256]",   # warps' gather
     "tests/test_paged_decode_gpu.py::test_a_one_tile_graph_replays_longer_requests",   # its one stage over many tiles
     "tests/test_paged_decode_gpu.py::test_few_long_requests_take_the_balanced_split[1]",    # balanced, gathered pages
     "tests/test_paged_decode_gpu.py::test_few_long_requests_take_the_balanced_split[16]",   # balanced, a TMA box a page

@@ -337,8 +337,9 @@ def test_decode_family_registers_every_kernel_the_planner_picks():
     tiles of 32 rows, and head dim 64 in both its tiles); the balanced split's (head dim 64 in both tiles); and for
     padded caches each of those but the balanced ones again in boxes of PADDED_BOX_ROWS rows
     (chunks of one tile over lengths on the device); head dim 128's streaming kernels at 3 stages and,
-    in TMA boxes, at 4 (calls of at most an SM's units): the registry holds all 860, which cover the
-    planner's pick for any problem, chunk and cache, lengths on the device or not."""
+    in TMA boxes, at 4 (calls of at most an SM's units); padded caches' one-tile kernels also with
+    their warps gathering their rows (K and V of like strides): the registry holds all 874, which
+    cover the planner's pick for any problem, chunk and cache, lengths on the device or not."""
     from pykda import registry
     from pykda.ops.paged_decode import PAGE_SIZES
     registered = registry.specs("decode", "sm_90a")
@@ -359,15 +360,20 @@ def test_decode_family_registers_every_kernel_the_planner_picks():
               for gathered in (False, True)}
     padded, _, balanced = counts[False]
     boxed = len(decode.DTYPES) * (padded - 2 * balanced)   # padded caches' kernels in boxes (none balanced)
-    assert len(specs) == len(set(specs)) == sum(caches[g] * counts[g][0] for g in caches) + boxed == 860
+    self_gathered = len(decode.DTYPES) * one_tile   # padded one-tile kernels whose warps gather their rows
+    assert len(specs) == len(set(specs)) == sum(caches[g] * counts[g][0] for g in caches) + boxed + self_gathered == 874
     assert sum(s.param_dict.get("PADDED_BOX_ROWS", 0) == decode.PADDED_BOX_ROWS and not s.param_dict["PAGE"]
                and not s.param_dict["BALANCED"] for s in specs) == boxed
     assert (sum(s.param_dict["TRANSPOSED"] for s in specs)   # (the boxed ones: padded, none balanced)
-            == sum(caches[g] * (counts[g][1] + counts[g][2]) for g in caches) + len(decode.DTYPES) * counts[False][1])
+            == sum(caches[g] * (counts[g][1] + counts[g][2]) for g in caches) + len(decode.DTYPES) * counts[False][1]
+            + self_gathered)
     one_stage = [s.param_dict for s in specs if s.param_dict["STAGES"] == 1]
-    assert (len(one_stage) == (sum(caches.values()) + len(decode.DTYPES)) * one_tile
+    assert (len(one_stage) == (sum(caches.values()) + 2 * len(decode.DTYPES)) * one_tile
             and all(d["TRANSPOSED"] and d["WARPS"] == 2 for d in one_stage))
     assert all(d["GATHER"] == (d["PAGE"] > 0) for d in one_stage), "one-tile CTAs gather pages of every size"
+    assert all(d["SELF_GATHER"] for d in one_stage if d["PAGE"]), "each warp gathers its pages' rows at one stage"
+    assert sum(d["SELF_GATHER"] and not d.get("PADDED_BOX_ROWS") for d in one_stage if not d["PAGE"]) == self_gathered
+    assert not any(d["SELF_GATHER"] for d in (s.param_dict for s in specs) if d["STAGES"] > 1)
     specs = set(specs)
     rng = np.random.default_rng(5)
     for _ in range(200):

@@ -201,6 +201,33 @@ def test_planner_split_with_long_short_and_empty_sequences():
     check(o, lse, ref(q, k, v, lens), lens, "bfloat16")
 
 
+@pytest.mark.parametrize("d, layout, alike", [(64, "NHD", True), (128, "HND", True), (256, "NHD", True),
+                                             (128, "NHD", False), (64, "HND", False)])
+def test_one_tile_ctas_gather_their_rows_or_read_boxes(d, layout, alike):
+    """A batch of many sequences within a tile (more units than decode_tiny takes): one-tile CTAs,
+    whose warps gather their own rows with cp.async where K and V have like strides, and whose
+    producer reads TMA boxes where they do not (V a view of a cache of twice the KV heads);
+    lengths 0..64, NaN past them and in the wider cache."""
+    B, S, hq, hkv = 40, 64, 32, 8
+    lens = lengths(B, S, seed=d)
+    q, k_nhd, v_nhd = make(B, S, hq, hkv, d, "bfloat16", lens, seed=d + 1)
+    k, v = as_layout(k_nhd, layout), as_layout(v_nhd, layout)
+    if not alike:
+        heads = 2 if layout == "NHD" else 1
+        wide = torch.full(v.shape[:heads] + (2 * hkv,) + v.shape[heads + 1:], float("nan"), dtype=v.dtype, device="cuda")
+        v = wide.narrow(heads, 0, hkv)
+        v.copy_(as_layout(v_nhd, layout))
+        assert v.stride() != k.stride()
+    plan, spec = decode.plan_for(decode.DecodeProblem(S, hq, hkv, d, "bfloat16", B), 0, None, None, uneven=True,
+                                 balanced=None, kv_strides_alike=alike)
+    assert plan.one_tile and not plan.tiny and spec.param_dict["SELF_GATHER"] == alike, plan
+    kv_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    out = torch.full_like(q, float("nan"))
+    o, lse = pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_layout=layout, kv_lens=kv_lens, out=out,
+                                                     return_lse=True)
+    check(o, lse, ref(q, k_nhd, v_nhd, lens), lens, "bfloat16")
+
+
 def test_strided_hnd_views_of_a_larger_cache():
     B, S, S_max, hkv, d = 3, 3000, 4096, 8, 128
     lens = [3000, 17, 2048]

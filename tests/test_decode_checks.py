@@ -1,4 +1,6 @@
 """CPU tests of flash-decoding argument checks and planning (no GPU needed)."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -197,7 +199,10 @@ def test_padded_chunks_over_lengths_read_their_tails_in_boxes(S, d):
     for chunk_size in (tile, 2 * tile, None):
         plan = plan_decode(p, **H200, uneven=True, chunk_size=chunk_size)
         assert plan.box_rows == decode.PADDED_BOX_ROWS and not plan.balanced
-        assert decode.decode_spec(p, plan, "sm_90a").param_dict["PADDED_BOX_ROWS"] == decode.PADDED_BOX_ROWS
+        # (a one-tile plan's warps gather their rows, no boxes; its TMA kernel, for K and V of unlike strides, has them)
+        boxed = dataclasses.replace(plan, self_gather=False)
+        assert decode.decode_spec(p, boxed, "sm_90a").param_dict["PADDED_BOX_ROWS"] == decode.PADDED_BOX_ROWS
+        assert (decode.decode_spec(p, plan, "sm_90a").param_dict.get("PADDED_BOX_ROWS") is None) == plan.self_gather
         assert decode.decode_spec(p, plan, "sm_90a", 16).param_dict.get("PADDED_BOX_ROWS") is None   # pages: their own
         assert plan_decode(p, **H200, chunk_size=chunk_size).box_rows == 0
     assert plan_decode(p, **H200, uneven=True, balanced=True).box_rows == 0
@@ -227,7 +232,8 @@ def test_one_tile_sequences_stream_through_one_stage(S, d, block_n):
         p = DecodeProblem(S, hq, 8, d, "bfloat16", batch)
         plan = plan_decode(p, **H200, uneven=uneven)
         assert (plan.block_n, plan.stages, plan.n_chunks) == (block_n, 1, 1)
-        assert plan.warps == decode.ONE_TILE_WARPS
+        assert plan.warps == decode.ONE_TILE_WARPS and plan.self_gather   # no producer warp
+        assert plan.threads == 32 * decode.ONE_TILE_WARPS
         assert plan.smem == decode.smem_bytes(d, block_n, 1)
         assert plan_decode(p, **H200, uneven=uneven, balanced=None).stages == 1
         stages = decode.decode_stages(d, batch * 8, H200["sm_count"])   # (4 at D 128 for at most an SM's units)
@@ -235,7 +241,7 @@ def test_one_tile_sequences_stream_through_one_stage(S, d, block_n):
         assert plan_decode(p, **H200, stages=2).stages == 2 and plan_decode(p, **H200, stages=2).warps == decode.WARPS
         longer = p._replace(kv_len=TILE_ROWS[d] + 1)   # two tiles
         assert plan_decode(longer, **H200).stages == stages
-        assert plan_decode(longer, **H200).warps == decode.WARPS
+        assert plan_decode(longer, **H200).warps == decode.WARPS and not plan_decode(longer, **H200).self_gather
     wide = plan_decode(DecodeProblem(S, 64, 4, d, "bfloat16", 256), **H200, uneven=True)   # a group of 16
     assert (wide.stages, wide.warps) == (decode.DEFAULT_STAGES[d], decode.WARPS)
 

@@ -128,7 +128,7 @@ def test_one_tile_ctas_gather_pages_of_every_size(page_size, layout, d):
     lens = [0, 1, 64, min(page_size + 1, 64), 33] + np.random.default_rng(page_size + d).integers(0, 65, 35).tolist()
     plan, spec = pd.plan_for(pd.DecodeProblem(64, 32, 8, d, "bfloat16", len(lens)), 0, None, None, page_size,
                              uneven=True, balanced=None)
-    assert plan.one_tile and not plan.tiny and spec.param_dict["GATHER"], plan
+    assert plan.one_tile and not plan.tiny and spec.param_dict["GATHER"] and spec.param_dict["SELF_GATHER"], plan
     q, k, v, tables = make(lens, page_size, 32, 8, d, "bfloat16", layout, seed=page_size + d + 5)
     o, lse = decode(q, k, v, tables, page_size, layout, 8)
     check(o, lse, expected(q, k, v, tables, layout), lens, "bfloat16")

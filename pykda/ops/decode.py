@@ -15,7 +15,7 @@ any stream, and graphs sharing a memory pool replay in any order.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, NamedTuple
 
 import numpy as np
@@ -121,6 +121,8 @@ class DecodePlan:
     tiny: bool = False    # decode_tiny instead of decode_partial (block_n: its most rows; no pipeline)
     streams: int = 0      # decode_tiny's row streams
     one_tile: bool = False   # `one_tile_ctas` at one stage (ONE_TILE_WARPS consumer warps)
+    self_gather: bool = False   # one_tile's warps copy their own rows with cp.async (pages, or a padded
+                                # cache whose K and V strides are alike); else TMA boxes by a producer warp
 
     @property
     def split(self) -> bool:
@@ -129,8 +131,8 @@ class DecodePlan:
     @property
     def threads(self) -> int:
         """Threads of a CTA of the plan's kernel: decode_tiny's warps, or decode_partial's consumer
-        warps and its producer."""
-        return 32 * (self.warps if self.tiny else self.warps + 1)
+        warps and its producer (none where the consumers gather their own rows: `self_gather`)."""
+        return 32 * (self.warps if self.tiny or self.self_gather else self.warps + 1)
 
     def gathers(self, page_size: int) -> bool:
         """Whether this plan's kernel gathers pages of `page_size` rows (0: a padded cache) row by row
@@ -452,7 +454,7 @@ def plan_decode(p: DecodeProblem, sm_count: int, smem_per_sm: int, chunk_size: i
                       merge_warps=merge_warps(merge_rows(p, 0), p.head_dim, n_chunks, sm_count),
                       cluster=merge_cluster(n_chunks) if spread or cluster_pays(tiles, n_chunks * units, slots) else 0,
                       box_rows=PADDED_BOX_ROWS if uneven and block_n > PADDED_BOX_ROWS else 0,
-                      one_tile=one_stage)
+                      one_tile=one_stage, self_gather=one_stage)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -467,8 +469,8 @@ def decode_spec(p: DecodeProblem, plan: DecodePlan, arch: str, page_size: int = 
     return runtime.KernelSpec.make("decode", {
         "D": p.head_dim, "DTYPE": CTYPES[p.dtype], "BLOCK_N": plan.block_n, "STAGES": plan.stages,
         "WARPS": plan.warps, "TRANSPOSED": transposed(plan.heads_per_cta), "SPLIT": plan.split, "PAGE": page_size,
-        "GATHER": plan.gathers(page_size), "CLUSTER": plan.cluster,
-        **({"PADDED_BOX_ROWS": plan.box_rows} if plan.box_rows and not page_size else {}),
+        "GATHER": plan.gathers(page_size), "SELF_GATHER": plan.self_gather, "CLUSTER": plan.cluster,
+        **({"PADDED_BOX_ROWS": plan.box_rows} if plan.box_rows and not page_size and not plan.self_gather else {}),
         **({"BALANCED": BALANCED_MAX_BATCH, "UNIT_COST": BALANCED_UNIT_COST} if plan.balanced else {"BALANCED": 0}),
         "MERGE_THREADS": MERGE_THREADS,
         "MERGE_COLUMNS": MERGE_COLUMNS}, arch,
@@ -585,13 +587,17 @@ PER_CALL = {name: runtime.PerCall(i) for i, name in enumerate(CALL_VALUES)}
 
 
 def plan_for(p: DecodeProblem, device: int, chunk_size: int | None, stages: int | None, page_size: int = 0,
-             uneven: bool = False, balanced: bool | None = False) -> tuple[DecodePlan, runtime.KernelSpec]:
+             uneven: bool = False, balanced: bool | None = False,
+             kv_strides_alike: bool = True) -> tuple[DecodePlan, runtime.KernelSpec]:
     """The plan of `p` on `device` (its shared memory within the device's; `uneven`: lengths not
     known here; `balanced`: the balanced split, None the planner's choice) and the spec of its
-    kernel (paged with `page_size` > 0)."""
+    kernel (paged with `page_size` > 0). A padded K and V of different strides are read by TMA
+    (`kv_strides_alike` False: the warps' gather takes one set of strides for both)."""
     dev = runtime.device_info(device)
     plan = plan_decode(p, dev.sm_count, dev.smem_per_sm, chunk_size, stages, uneven, balanced, is_gathered(page_size),
                        tiny=True)
+    if plan.self_gather and not page_size and not kv_strides_alike:
+        plan = replace(plan, self_gather=False)
     if plan.smem > dev.smem_per_block_optin:
         raise ValueError(f"stages={plan.stages} needs {plan.smem} bytes of shared memory per block; "
                          f"the device allows {dev.smem_per_block_optin}")
@@ -727,16 +733,20 @@ def prepare_decode(q, k, v, out, kv_lens, batched, kv_layout, scale, chunk_size,
     check_balanced(balanced, chunk_size)
     runtime.require_gpu()
     uneven = kv_lens is not None and p.batch > 1
-    plan, spec = plan_for(p, q.device, chunk_size, stages, uneven=uneven, balanced=balanced)
+    strides = tuple(kv_view(a, batched, kv_layout)[1][:3] for a in (k, v))   # (batch, row, head) of K, then V
+    plan, spec = plan_for(p, q.device, chunk_size, stages, uneven=uneven, balanced=balanced,
+                          kv_strides_alike=strides[0] == strides[1])
 
     def kv_maps(box_rows: int) -> tuple:   # the maps of K and V in boxes of box_rows rows
         maps = tuple(kv_tensor_maps(a, name, batched, kv_layout, box_rows) for a, name in ((k, "k"), (v, "v")))
         maps[0](k.ptr), maps[1](v.ptr)   # the geometries checked (TensorMapError names k or v) before any launch
         return maps
-    whole = kv_maps(plan.block_n)   # (decode_tiny's copies need none, but it takes the strides TMA takes)
-    strides = tuple(kv_view(a, batched, kv_layout)[1][:3] for a in (k, v))   # (batch, row, head) of K, then V
-    return decode_call(p, plan, spec, q, out, batched, *whole, scale, p.kv_len,
-                       tail_maps=kv_maps(plan.box_rows) if plan.box_rows else None, kv_strides=sum(strides, ()))
+    whole = kv_maps(plan.block_n)   # (decode_tiny and the warps' gather read none, but take the strides TMA takes)
+    # the warps' gather: the batch as the "pages", K's strides (V's alike)
+    rows = (np.int32(p.batch), *map(np.int64, strides[0])) if plan.self_gather else NO_PAGES
+    return decode_call(p, plan, spec, q, out, batched, *whole, scale, p.kv_len, pages=rows,
+                       tail_maps=kv_maps(plan.box_rows) if plan.box_rows and not plan.self_gather else None,
+                       kv_strides=sum(strides, ()))
 
 
 ARGUMENTS = ("q", "k", "v", "out", "kv_lens")
