@@ -121,8 +121,13 @@ class DecodePlan:
     tiny: bool = False    # decode_tiny instead of decode_partial (block_n: its most rows; no pipeline)
     streams: int = 0      # decode_tiny's row streams
     one_tile: bool = False   # `one_tile_ctas` at one stage (ONE_TILE_WARPS consumer warps)
-    self_gather: bool = False   # one_tile's warps copy their own rows with cp.async (pages, or a padded
-                                # cache whose K and V strides are alike); else TMA boxes by a producer warp
+    # one_tile's consumer warps copy the rows each computes on with cp.async, no producer warp and no
+    # hand-off (pages, or a padded cache whose K and V strides are alike); else TMA boxes by a
+    # producer. H100, µs, TMA / the producer's gather -> the warps' own (docs/studies/paged_one_tile):
+    # 256 x 32/8 KV 64~ D 128 padded 22.6 -> 21.2, pages of 16 24.1 -> 23.2; 512 x 32/8 KV 32~ padded
+    # 28.5 -> 23.9, pages of 16 29.7 -> 26.3; 1024 x 32/8 KV 64~ padded 70.0 -> 60.4, pages of 16
+    # 73.4 -> 67.1; 256 x 32/4 KV 32~ D 256 pages of 16 19.9 -> 20.3 (the one loss)
+    self_gather: bool = False
 
     @property
     def split(self) -> bool:
@@ -137,9 +142,9 @@ class DecodePlan:
     def gathers(self, page_size: int) -> bool:
         """Whether this plan's kernel gathers pages of `page_size` rows (0: a padded cache) row by row
         with cp.async: pages below TMA_MIN_PAGE rows, and one-tile CTAs' pages of any size, where the
-        producer's 32 lanes copy just the request's rows (a TMA box of a page of 64 or 128 rows reads
-        all of it, past a short request's end) and reach them no later than boxes of 16. H100, µs,
-        shuffled HND pages, TMA boxes -> gathered (the padded cache; docs/studies/paged_one_tile):
+        warps copy just the request's rows (a TMA box of a page of 64 or 128 rows reads all of it,
+        past a short request's end) and reach them no later than boxes of 16. H100, µs, shuffled
+        HND pages, TMA boxes -> the producer's gather (the padded cache; docs/studies/paged_one_tile):
         256 x 32/8 KV 64~ D 128 pages of 16 24.7 -> 24.1, of 64 32.5 -> 24.1 (22.6); 256 x 32/4 KV
         32~ D 256 pages of 16 21.4 -> 19.9 (20.8); 1024 x 32/8 KV 64~ pages of 16 77.5 -> 72.6, of
         64 106.6 -> 73.3 (69.2); 256 x 8/1 KV 64~ pages of 16 9.8 -> 9.9."""
