@@ -189,7 +189,7 @@ def test_split_batch_is_a_partial_launch_then_a_merge(offline, layout):
     ws_o, ws_lse, kv_lens, kv_len, q_heads, n_chunks, chunk, o_p, *_, lse_p, row_warps, n_rows, kv_heads, batch = merge_args
     assert (ws_o, ws_lse, kv_lens) == tuple(args[13:15]) + (lens.ptr,) and (kv_len, q_heads, n_chunks, chunk) == (S, hq, 16, 64)
     assert (o_p, lse_p) == (args[15], args[18]) and lse_p != 0 and (row_warps, n_rows, kv_heads, batch) == (4, B * hq, hkv, B)
-    assert tuple(args[-2:]) == (hkv, B), "the kernel's last arguments: KV heads, batch"
+    assert tuple(args[-3:]) == (hkv, B, 0), "the kernel's last arguments: KV heads, batch, no page ids after the tables"
     assert len(offline["workspaces"]) == 1, "one workspace: the partials and their LSEs"
     # both maps walk (head_dim, kv_heads, kv_len, batch), whatever the layout in memory
     row, head = (hkv * d * 2, d * 2) if layout == "NHD" else (d * 2, S * d * 2)
@@ -241,7 +241,7 @@ def test_split_of_few_chunks_in_many_waves_merges_in_a_cluster(offline, chunk_si
     ((name, grid, block, smem, args, spec),) = offline["launches"]
     assert name == "decode_partial" and grid == (cluster, hkv, B) and spec.param_dict["CLUSTER"] == cluster
     assert args[13:15] == (0, 0) and offline["workspaces"] == []
-    assert args[-3] == chunk_size and lens.ptr in args and args[18] != 0   # the LSE, written by the cluster
+    assert args[-4] == chunk_size and lens.ptr in args and args[18] != 0   # the LSE, written by the cluster
 
 
 def test_clusters_only_beyond_one_round_or_for_one_tile_chunks():
@@ -273,9 +273,9 @@ def test_the_chunk_is_the_last_argument(offline, chunk_size):
     n_chunks = -(-S // rows)
     assert (rows, n_chunks) == {None: (3136, 16), 192: (192, 261), 1664: (1664, 31)}[chunk_size]
     (_, grid, _, _, args, spec), (merge, *_, merge_args, _) = offline["launches"]
-    assert grid == (n_chunks, hkv, B) and args[-3] == rows and type(args[-3]) is np.int32
+    assert grid == (n_chunks, hkv, B) and args[-4] == rows and type(args[-4]) is np.int32
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", spec.param_dict)
-    assert len(args) == len(decode.KERNEL_SIGNATURE) == 30
+    assert len(args) == len(decode.KERNEL_SIGNATURE) == 31
     assert merge == "decode_merge" and merge_args[5:7] == (n_chunks, rows)
 
 
@@ -457,7 +457,7 @@ def test_balanced_split_is_one_round_of_ctas_then_a_merge(offline):
     assert (name, merge) == ("decode_partial", "decode_merge") and spec.param_dict["BALANCED"] == decode.BALANCED_MAX_BATCH
     assert grid == (132, 1, 2) and block == (160, 1, 1) and smem == plan.smem
     assert [_KINDS[type(a)] for a in args] == kernel_parameters("decode_partial", spec.param_dict)
-    assert tuple(args[-2:]) == (hkv, B) and args[7] == lens.ptr
+    assert tuple(args[-3:]) == (hkv, B, 0) and args[7] == lens.ptr
     rows = (132 + B * hkv) * (hq // hkv)
     ((_, _, nbytes),) = offline["workspaces"]
     assert args[14] - args[13] == rows * d * 4 and nbytes == rows * (d * 4 + 4) + 8 * B * hkv + 4 * 132

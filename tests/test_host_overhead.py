@@ -381,7 +381,7 @@ def test_stubbed_single_decode_reads_the_call_values():
         assert params[:8] == [q.data_ptr(), 0, D, *maps, *maps, 0]   # no lengths: the tails are the whole tiles'
         assert params[8:13] == [S, hq // hkv, hq // hkv, 1, float(np.float32(D ** -0.5))]
         assert params[13:16] == ws + [o.data_ptr()]
-        assert params[16:] == [0, D, lse.data_ptr(), 0, 0, k.data_ptr(), v.data_ptr(), 0, 0, 0, 0, chunk, hkv, 1]
+        assert params[16:] == [0, D, lse.data_ptr(), 0, 0, k.data_ptr(), v.data_ptr(), 0, 0, 0, 0, chunk, hkv, 1, 0]
         assert call.plan.merge_warps == 8 and merge_geometry == _merge_geometry(1, hq, 8)   # 32 chunks: a CTA a row
         assert merge == ws + [0, S, hq, n_chunks, chunk, o.data_ptr(), 0, D, lse.data_ptr(), 8, hq, hkv, 1]
 
@@ -413,10 +413,10 @@ def test_stubbed_padded_batch_decode_reads_the_call_values():
         assert params[:8] == [q.data_ptr(), hq * D, D, *maps, *maps, lens.data_ptr()]
         assert params[8:13] == [S, hq, 16, 2, float(np.float32(D ** -0.5))]
         assert params[13:] == [0, 0, out.data_ptr(), *out.stride()[:2], 0, 0, 0, k.data_ptr(), v.data_ptr(), 0, 0,
-                               0, 0, 256, hkv, batch]   # the chunk asked for, then KV heads and batch
+                               0, 0, 256, hkv, batch, 0]   # the chunk asked for, KV heads, batch; no page ids
 
 
-@pytest.mark.parametrize("page_size", [8, 16])   # pages gathered (no tensor maps), pages read by TMA
+@pytest.mark.parametrize("page_size", [8, 16, 64])   # pages gathered (no tensor maps), by TMA, with tail maps
 def test_stubbed_paged_run_reads_the_call_values(page_size):
     """BatchDecodeWithPagedKVCache: plan() copies the rows and first page entries to its tables
     (and launches page_snapshot for the first page ids after them: a batch decode_tiny may run);
@@ -458,7 +458,8 @@ def test_stubbed_paged_run_reads_the_call_values(page_size):
         assert params[13:16] == ws + [o.data_ptr()]
         assert params[16:23] == [hq * D, D, lse.data_ptr(), tables + 4 * len(lens), indices.data_ptr(), k.data_ptr(),
                                  v.data_ptr()]
-        assert params[23:] == [num_pages, *k.stride()[:3], 64, hkv, len(lens)]   # pages' count, strides; chunk, heads, batch
+        assert params[23:] == [num_pages, *k.stride()[:3], 64, hkv, len(lens),   # pages' count, strides; chunk, heads,
+                               dec._layout.snap_width]                         # batch; page ids copied a request
         assert call.plan.merge_warps == 4 and merge_geometry == _merge_geometry(len(lens), hq, 4)   # 10 chunks
         assert merge == ws + [tables, paged_decode.MAX_ROWS, hq, 10, 64, o.data_ptr(), hq * D, D, lse.data_ptr(), 4,
                               len(lens) * hq, hkv, len(lens)]

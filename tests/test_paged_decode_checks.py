@@ -140,13 +140,13 @@ def test_page_tables_may_be_lists(offline):
     assert tables.tolist() == [19, 0, 0, 2]
 
 
-def test_plan_copies_each_requests_first_page_ids_where_decode_tiny_may_run(offline, monkeypatch):
-    """plan() of a batch that decode_tiny may run (short requests): rows and first page entries to
-    the device, then page_snapshot writes each request's page ids of decode_tiny's 64 rows after
-    them, from kv_indices (the GPU test checks the ids). Block tables (their rows may change under a
-    graph) and batches too large for decode_tiny copy none; a plan of long requests, max_kv_len, a
-    chunk size or stages copy them still (a graph captured on an earlier plan's decode_tiny reads
-    them)."""
+def test_plan_copies_each_requests_first_page_ids_where_short_kernels_may_run(offline, monkeypatch):
+    """plan() of a batch that decode_tiny or one-tile CTAs may run (short requests): rows and first
+    page entries to the device, then page_snapshot writes each request's page ids of a tile's rows
+    (64 at head dim 128) after them, from kv_indices (the GPU test checks the ids). Block tables
+    (their rows may change under a graph) and batches that neither kernel takes (CTAs of 16 query
+    heads, too many for decode_tiny) copy none; a plan of long requests, max_kv_len, a chunk size
+    or stages copy them still (a graph captured on an earlier plan's short kernel reads them)."""
     lens = [1000, 0, 33, 64]
     made = []
     real = arrays.empty_like_framework
@@ -168,7 +168,8 @@ def test_plan_copies_each_requests_first_page_ids_where_decode_tiny_may_run(offl
     for kw in (dict(max_kv_len=1000), dict(chunk_size=64), dict(stages=2)):
         offline["copies"].clear(), offline["launches"].clear()
         assert planned(lens, **kw)._layout.snap_width == 4 and offline["launches"][0][0] == "page_snapshot"
-    assert planned([1] * 300, hkv=8)._layout.snap_width == 0, "2400 units: never decode_tiny"
+    assert planned([1] * 300, hkv=8)._layout.snap_width == 4, "2400 units: one-tile CTAs, not decode_tiny"
+    assert planned([1] * 300, hq=64, hkv=4)._layout.snap_width == 0, "1200 units of 16 heads: neither"
     offline["copies"].clear(), offline["launches"].clear()
     dec = pykda.BatchDecodeWithPagedKVCache()
     dec.plan_block_tables(arr((3, 4), "int32", ptr=INDICES), np.array([5, 0, 64], np.int32), 32, 8, 128, 16)
@@ -263,7 +264,7 @@ def test_max_kv_len_fixes_the_split_as_requests_grow(offline):
     spec = decode.decode_spec(p, plan, "sm_90a", 16)
     launches = [launch for launch in offline["launches"] if launch[0] != "page_snapshot"]   # (each plan()'s)
     assert plan.balanced and [launch[0] for launch in launches] == ["decode_partial", "decode_merge"] * 3
-    partials = {(launch[1], launch[4][-3], launch[5]) for launch in launches[0::2]}   # grid, chunk, kernel
+    partials = {(launch[1], launch[4][-4], launch[5]) for launch in launches[0::2]}   # grid, chunk, kernel
     assert partials == {(plan.grid(p), plan.chunk, spec)}, "the split of 4096 rows, each time"
     merges = {(launch[1], launch[4][2:7], launch[5]) for launch in launches[1::2]}   # grid, tables to CTAs, kernel
     rows_per_cta = decode.MERGE_WARPS // plan.merge_warps
@@ -305,7 +306,8 @@ def test_run_is_a_partial_launch_then_a_merge_with_the_page_table(offline, page_
     assert args[13:15] == (BASE * 4, BASE * 4 + n_part * d * 4), "the partial outputs (fp32), then their LSE"
     assert args[19:23] == (TABLES + 4 * B, INDICES, K, V)
     page, row, head = (page_size * hkv * d, hkv * d, d) if layout == "NHD" else (hkv * page_size * d, d, page_size * d)
-    assert args[23:] == (P, page, row, head, 64, hkv, B), "the pages' count and strides, the chunk, KV heads, batch"
+    assert args[23:] == (P, page, row, head, 64, hkv, B, dec._layout.snap_width), \
+        "the pages' count and strides, the chunk, KV heads, batch, the page ids per request after the tables"
     assert merge == "decode_merge" and merge_spec == spec
     # 16 chunks: four warps per (query row, 32 columns), two rows a CTA
     assert (merge_grid, merge_block, merge_smem) == ((B * hq // 2, d // 32, 1), (256, 1, 1), 0)
@@ -315,10 +317,12 @@ def test_run_is_a_partial_launch_then_a_merge_with_the_page_table(offline, page_
                        "warps per row, rows, KV heads"
     if page_size < 16:   # gathered: no tensor maps
         assert offline["maps"] == [] and args[3] == args[4] == args[5] == args[6] == bytes(128)
-    else:   # (head_dim, kv_heads, page_size, num_pages) in boxes of a page's rows, at most a tile
-        box = min(page_size, plan.block_n)
+    else:   # (head_dim, kv_heads, page_size, num_pages) in boxes of a page's rows, at most a tile; boxes of more
+            # than PAGED_TAIL_ROWS rows, a segment's last tile in boxes of that many (the tail maps)
+        boxes = dict.fromkeys((min(page_size, plan.block_n), min(page_size, decode.PAGED_TAIL_ROWS)))
         assert offline["maps"] == [(n, (d, hkv, page_size, P), (head * 2, row * 2, page * 2), (64, 1, box, 1))
-                                   for n in ("k_cache", "v_cache")]
+                                   for box in boxes for n in ("k_cache", "v_cache")]
+        assert spec.param_dict.get("TAIL_ROWS") == (decode.PAGED_TAIL_ROWS if len(boxes) == 2 else None)
     assert offline["workspaces"] == [n_part * (d + 1) * 4], "one workspace: the partials and their LSEs"
 
 

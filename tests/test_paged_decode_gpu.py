@@ -154,6 +154,7 @@ def test_a_one_tile_graph_replays_longer_requests():
         q.copy_(q2)
         indices[: len(idx)] = torch.from_numpy(idx).cuda()
         dec.plan(indptr, indices, last, hq, hkv, d, page_size)
+        assert dec._layout.snap_width == 64 // page_size, "a tile's page ids after the tables (longer: from kv_indices)"
         return q2, k2, v2, (indptr, idx, last)
     load(first, 21)
     assert pd.plan_for(pd.DecodeProblem(64, hq, hkv, d, "bfloat16", batch), 0, None, None, page_size, uneven=True,

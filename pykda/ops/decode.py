@@ -62,6 +62,10 @@ TMA_MIN_PAGE = 16     # pages of fewer rows are gathered with cp.async rather th
 # 32/4 KV 32~ D 256 26.0 -> 22.9 (25.6), D 64 14.8 -> 13.1 (18.2). Every tile in boxes (one map)
 # cost chunks of many tiles up to 8 % (128 x 32/4 KV 1024~ D 256 74.6 -> 80.8), hence the tail maps.
 PADDED_BOX_ROWS = 16
+# Pages of more rows than this, read in TMA boxes: a segment's last, partial tile in boxes of this
+# many rows (the tail maps), those past its end unread, not in boxes of a whole page (a request's last
+# page of 64 or 128 rows read whole)
+PAGED_TAIL_ROWS = 16
 TRANSPOSED_MAX_HEADS = 8   # CTAs of at most this many query heads run the transposed products
 # decode_tiny (decode_tiny.cu.j2): a padded or paged cache's sequences of at most TINY_ROWS[-1] rows, in CTAs of
 # at most TINY_MAX_HEADS heads and TINY_MAX_COLUMNS query-head columns (its compiled heads x head dim),
@@ -476,6 +480,7 @@ def decode_spec(p: DecodeProblem, plan: DecodePlan, arch: str, page_size: int = 
         "WARPS": plan.warps, "TRANSPOSED": transposed(plan.heads_per_cta), "SPLIT": plan.split, "PAGE": page_size,
         "GATHER": plan.gathers(page_size), "SELF_GATHER": plan.self_gather, "CLUSTER": plan.cluster,
         **({"PADDED_BOX_ROWS": plan.box_rows} if plan.box_rows and not page_size and not plan.self_gather else {}),
+        **({"TAIL_ROWS": PAGED_TAIL_ROWS} if page_size > PAGED_TAIL_ROWS and not plan.gathers(page_size) else {}),
         **({"BALANCED": BALANCED_MAX_BATCH, "UNIT_COST": BALANCED_UNIT_COST} if plan.balanced else {"BALANCED": 0}),
         "MERGE_THREADS": MERGE_THREADS,
         "MERGE_COLUMNS": MERGE_COLUMNS}, arch,
@@ -568,10 +573,11 @@ def validate_decode(q: DeviceArray, k: DeviceArray, v: DeviceArray, out: DeviceA
 # kv_lens, kv_len, group, heads per CTA, head blocks, scale, the split workspace (partial o,
 # partial lse), out and its strides, lse; then a paged cache's page table (kv_indptr,
 # kv_indices), K and V, and the pages' count and (page, row, head) strides; last, the plan's chunk
-# (KV rows per CTA), the KV heads and the batch
+# (KV rows per CTA), the KV heads, the batch and the page ids per request plan() copied after
+# kv_indptr's entries (0: none)
 KERNEL_SIGNATURE = (int, np.int64, np.int64, 128, 128, 128, 128, int, np.int32, np.int32, np.int32, np.int32,
                     np.float32, int, int, int, np.int64, np.int64, int, int, int, int, int, np.int32, np.int64,
-                    np.int64, np.int64, np.int32, np.int32, np.int32)
+                    np.int64, np.int64, np.int32, np.int32, np.int32, np.int32)
 # decode_merge's: the workspace (partial o, partial lse), kv_lens, kv_len, query heads, the
 # partial grid's x (chunks, or the balanced split's CTAs), the chunk, out and its strides, lse,
 # warps per row, rows (B · query heads; balanced: CTAs · group), KV heads, batch
@@ -686,7 +692,7 @@ def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q:
     last, partial tile in boxes of plan.box_rows rows (None: the same); `kv_strides`, decode_tiny's
     (batch or page, row, head) element strides of K, then V; `page_size`, a paged cache's (0: padded);
     `snap_width`, the page ids per request that plan() copied after a paged cache's first page entries
-    (decode_tiny reads its first rows' there)."""
+    (decode_tiny and the one-tile CTAs read their first rows' there)."""
     rows = (p.batch, p.q_heads) if batched else (p.q_heads,)
     out_strides = out.strides if out is not None else contiguous_strides(rows + (p.head_dim,))
     at = PER_CALL   # at["q"]: the argument the launch reads from the call's value "q"
@@ -704,7 +710,7 @@ def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q:
             at["kv_lens"],
             *row_params(p, plan, scale, max_rows), at["ws_o"], at["ws_lse"], at["out"],
             *row_strides(out_strides, batched), at["lse"], at["kv_indptr"], at["kv_indices"], at["k_cache"],
-            at["v_cache"], *pages, np.int32(plan.chunk), np.int32(p.kv_heads), np.int32(p.batch))
+            at["v_cache"], *pages, np.int32(plan.chunk), np.int32(p.kv_heads), np.int32(p.batch), np.int32(snap_width))
     launches = (bound_launch(spec, q.device, values, "decode_partial", KERNEL_SIGNATURE, args,
                              plan.grid(p), plan.threads, plan.smem),)
     if plan.merge_launch:

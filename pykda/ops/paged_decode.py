@@ -12,8 +12,8 @@ runs decode_tiny, which copies its rows through the page table with cp.async.
 
 `plan()` reads the page table on the host once per batch layout (checks it, counts each
 request's rows) and copies the rows and page offsets to a device buffer of its own, and where
-decode_tiny may run the layout, each request's first page ids after them (`page_snapshot`, a
-kernel of its own: decode_tiny then reads them beside the rows, not after); `run()`
+decode_tiny or one-tile CTAs may run the layout, each request's first page ids after them
+(`page_snapshot`, a kernel of its own: those kernels then read them beside the rows, not after); `run()`
 reads only device memory and allocates only its outputs and split workspace (from the framework
 of q), so it can be captured in a CUDA graph. validate -> plan -> kernel bound to its constants
 (`decode.decode_call`, memoized per arguments' metadata and plan) -> tensor maps + workspace ->
@@ -49,7 +49,7 @@ class PagedLayout(NamedTuple):
     scale: float
     chunk_size: int | None
     stages: int | None
-    snap_width: int        # page ids per request copied after the tables (decode_tiny's first rows), or 0
+    snap_width: int        # page ids per request copied after the tables (a short request's), or 0
 
 
 SNAPSHOT_THREADS = 256
@@ -61,15 +61,17 @@ def snapshot_spec(arch: str) -> runtime.KernelSpec:
 
 
 def snapshot_width(batch: int, q_heads: int, kv_heads: int, head_dim: int, page_size: int, device: int) -> int:
-    """Page ids per request that plan() copies after its tables: those of decode_tiny's most rows
-    where the planner may give a run of this batch and these heads to decode_tiny (short
-    requests, no chunk size or stages asked for), else 0. Whatever this plan's lengths and
-    settings: a graph captured on decode_tiny stays valid for the plans of this batch after it."""
+    """Page ids per request that plan() copies after its tables: those of a tile's rows (at least
+    decode_tiny's most) where the planner may give a run of this batch and these heads to
+    decode_tiny or to one-tile CTAs (short requests, no chunk size or stages asked for), else 0.
+    Whatever this plan's lengths and settings: a graph captured on either stays valid for the
+    plans of this batch after it."""
     dev = runtime.device_info(device)
     short = decode.DecodeProblem(1, q_heads, kv_heads, head_dim, "bfloat16", batch)
     plan = decode.plan_decode(short, dev.sm_count, dev.smem_per_sm, uneven=True, balanced=None,
                               gathered=decode.is_gathered(page_size), tiny=True)
-    return -(-decode.TINY_ROWS[-1] // page_size) if plan.tiny else 0
+    rows = max(decode.TINY_ROWS[-1], decode.TILE_ROWS[head_dim])
+    return -(-rows // page_size) if plan.tiny or plan.one_tile else 0
 
 
 def host_int32(x, name: str) -> np.ndarray:
@@ -175,16 +177,23 @@ def prepare_paged(q, k, v, out, layout: PagedLayout) -> decode.DecodeCall:
     plan, spec = decode.plan_for(p, q.device, layout.chunk_size, layout.stages, layout.page_size, uneven=p.batch > 1,
                                  balanced=None)
     (num_pages, _, _, _), (page_stride, row_stride, head_stride, _) = decode.kv_view(k, True, layout.kv_layout)
+    tail_maps = None
     if plan.gathers(layout.page_size):
         k_maps = v_maps = decode.no_map
     else:   # (head_dim, kv_heads, page_size, num_pages) boxes of a page's rows (at most a tile)
+        def maps(box_rows: int) -> tuple:
+            pair = (decode.kv_tensor_maps(k, "k_cache", True, layout.kv_layout, box_rows),
+                    decode.kv_tensor_maps(v, "v_cache", True, layout.kv_layout, box_rows))
+            pair[0](k.ptr), pair[1](v.ptr)   # the geometries checked (TensorMapError names the cache) before any launch
+            return pair
         box_rows = min(plan.block_n, layout.page_size)
-        k_maps = decode.kv_tensor_maps(k, "k_cache", True, layout.kv_layout, box_rows)
-        v_maps = decode.kv_tensor_maps(v, "v_cache", True, layout.kv_layout, box_rows)
-        k_maps(k.ptr), v_maps(v.ptr)   # the geometries checked (TensorMapError names the cache) before any launch
+        k_maps, v_maps = maps(box_rows)
+        if box_rows > decode.PAGED_TAIL_ROWS:   # a segment's last, partial tile, in boxes of fewer rows
+            tail_maps = maps(decode.PAGED_TAIL_ROWS)
     return decode.decode_call(p, plan, spec, q, out, True, k_maps, v_maps, layout.scale, MAX_ROWS,
                               (np.int32(num_pages), np.int64(page_stride), np.int64(row_stride), np.int64(head_stride)),
-                              kv_strides=(page_stride, row_stride, head_stride) * 2, page_size=layout.page_size,
+                              tail_maps=tail_maps, kv_strides=(page_stride, row_stride, head_stride) * 2,
+                              page_size=layout.page_size,
                               snap_width=layout.snap_width)
 
 
@@ -320,7 +329,7 @@ class BatchDecodeWithPagedKVCache:
         (rewritten in place while they fit); run() reads request b's pages from pages[starts[b]:].
         `snapshot` (a table that run() may not reread: plan()'s kv_indices, not a block table
         whose rows change under a graph): each request's first page ids after them too, where
-        decode_tiny may run the layout (`snapshot_width`)."""
+        decode_tiny or one-tile CTAs may run the layout (`snapshot_width`)."""
         batch = rows.shape[0]
         longest = int(rows.max()) if batch else 0
         if max_kv_len is not None:
