@@ -629,6 +629,15 @@ def kv_tensor_maps(a: DeviceArray, name: str, batched: bool, kv_layout: str, box
     return runtime.TiledMaps(name, a.dtype, (d, h, s, b), strides, (64, 1, box_rows, 1), swizzle=128)
 
 
+def kv_map_pair(k: DeviceArray, v: DeviceArray, names: tuple[str, str], batched: bool, kv_layout: str,
+                box_rows: int) -> tuple[runtime.TiledMaps, runtime.TiledMaps]:
+    """The maps of K and V in boxes of box_rows rows (`kv_tensor_maps`), their geometries checked
+    before any launch (TensorMapError names the argument)."""
+    maps = tuple(kv_tensor_maps(a, name, batched, kv_layout, box_rows) for a, name in zip((k, v), names))
+    maps[0](k.ptr), maps[1](v.ptr)
+    return maps
+
+
 def row_strides(strides: tuple, batched: bool) -> tuple[np.int64, np.int64]:
     """Batch and head strides (elements) of q or out; a single sequence has no batch stride."""
     return np.int64(strides[0] if batched else 0), np.int64(strides[-2])
@@ -748,10 +757,7 @@ def prepare_decode(q, k, v, out, kv_lens, batched, kv_layout, scale, chunk_size,
     plan, spec = plan_for(p, q.device, chunk_size, stages, uneven=uneven, balanced=balanced,
                           kv_strides_alike=strides[0] == strides[1])
 
-    def kv_maps(box_rows: int) -> tuple:   # the maps of K and V in boxes of box_rows rows
-        maps = tuple(kv_tensor_maps(a, name, batched, kv_layout, box_rows) for a, name in ((k, "k"), (v, "v")))
-        maps[0](k.ptr), maps[1](v.ptr)   # the geometries checked (TensorMapError names k or v) before any launch
-        return maps
+    kv_maps = functools.partial(kv_map_pair, k, v, ("k", "v"), batched, kv_layout)   # (box_rows)
     whole = kv_maps(plan.block_n)   # (decode_tiny and the warps' gather read none, but take the strides TMA takes)
     # the warps' gather: the batch as the "pages", K's strides (V's alike)
     rows = (np.int32(p.batch), *map(np.int64, strides[0])) if plan.self_gather else NO_PAGES

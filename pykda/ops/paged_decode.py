@@ -21,6 +21,7 @@ of q), so it can be captured in a CUDA graph. validate -> plan -> kernel bound t
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -181,11 +182,7 @@ def prepare_paged(q, k, v, out, layout: PagedLayout) -> decode.DecodeCall:
     if plan.gathers(layout.page_size):
         k_maps = v_maps = decode.no_map
     else:   # (head_dim, kv_heads, page_size, num_pages) boxes of a page's rows (at most a tile)
-        def maps(box_rows: int) -> tuple:
-            pair = (decode.kv_tensor_maps(k, "k_cache", True, layout.kv_layout, box_rows),
-                    decode.kv_tensor_maps(v, "v_cache", True, layout.kv_layout, box_rows))
-            pair[0](k.ptr), pair[1](v.ptr)   # the geometries checked (TensorMapError names the cache) before any launch
-            return pair
+        maps = functools.partial(decode.kv_map_pair, k, v, ("k_cache", "v_cache"), True, layout.kv_layout)
         box_rows = min(plan.block_n, layout.page_size)
         k_maps, v_maps = maps(box_rows)
         if box_rows > decode.PAGED_TAIL_ROWS:   # a segment's last, partial tile, in boxes of fewer rows
