@@ -11,6 +11,8 @@ SPECS = registry.specs(None, "sm_90a")
 # shows here, and a new entry is a decision, not an accident.
 STACK_FRAMES = (
     ("decode", lambda p: p["D"] == 256 and p["BALANCED"] and not p["TRANSPOSED"], 16),   # 255 registers
+    ("decode", lambda p: p["D"] == 256 and p["BALANCED"] and not p["TRANSPOSED"] and p["GATHER"],
+     24),   # and gathering small pages: the producer's row places (64-bit) take 8 bytes more
     ("decode", lambda p: p["D"] == 64 and p["STAGES"] == 1 and p["BLOCK_N"] == 64, 8),   # one value, 72-80 registers
     ("decode", lambda p: p["D"] == 64 and p.get("PADDED_BOX_ROWS") and p["BLOCK_N"] == 128 and not p["TRANSPOSED"],
      8),   # in boxes: one value at 96 registers (102 and none in whole tiles)

@@ -130,7 +130,8 @@ class DecodePlan:
     # producer. H100, µs, TMA / the producer's gather -> the warps' own (docs/studies/paged_one_tile):
     # 256 x 32/8 KV 64~ D 128 padded 22.6 -> 21.2, pages of 16 24.1 -> 23.2; 512 x 32/8 KV 32~ padded
     # 28.5 -> 23.9, pages of 16 29.7 -> 26.3; 1024 x 32/8 KV 64~ padded 70.0 -> 60.4, pages of 16
-    # 73.4 -> 67.1; 256 x 32/4 KV 32~ D 256 pages of 16 19.9 -> 20.3 (the one loss)
+    # 73.4 -> 67.1; 256 x 32/4 KV 32~ D 256 pages of 16 19.9 -> 20.3 (the one loss; 18.0 since the
+    # gathers take each row's place from one lane, docs/studies/pages_of_one)
     self_gather: bool = False
 
     @property

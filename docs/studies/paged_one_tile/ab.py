@@ -2,8 +2,11 @@
 paged run on shuffled HND pages of 16, 64 and 128 rows and its padded kernel at the same lengths,
 µs, cold L2, median of 50; each paged output's distance from the padded one. Run from the
 repository root after `source .peers/activate.sh`, once per tree (the A/B alternates trees by
-PYTHONPATH): `PYTHONPATH=. python docs/studies/paged_one_tile/ab.py`."""
+PYTHONPATH): `PYTHONPATH=. python docs/studies/paged_one_tile/ab.py`. With the argument
+`gathers`, session 54's rows and pages of 1, 8, 16 and 64 instead (the rows the warps gather:
+one-tile CTAs, and the streaming producer's pages of 1 and 8; docs/studies/pages_of_one)."""
 import functools
+import sys
 
 import torch
 
@@ -18,6 +21,11 @@ timer, _ = timing.start("read")
 SHAPES = [(256, 32, 8, 128, 64), (256, 32, 4, 256, 32), (256, 32, 8, 64, 64), (64, 32, 8, 128, 64),
           (32, 32, 8, 128, 64), (512, 32, 8, 128, 32), (256, 8, 1, 128, 64), (1024, 32, 8, 128, 64)]
 PAGES = (16, 64, 128)
+if sys.argv[1:] == ["gathers"]:
+    SHAPES = [(256, 32, 4, 256, 32), (256, 32, 8, 128, 64), (512, 32, 8, 128, 32), (1024, 32, 8, 128, 64),
+              (256, 32, 8, 64, 64), (256, 8, 1, 128, 64), (256, 8, 1, 128, 4096), (128, 32, 4, 256, 1024),
+              (32, 32, 8, 128, 8192), (64, 32, 8, 64, 2048)]
+    PAGES = (1, 8, 16, 64)
 print(f"{'shape':>22} {'padded':>7} " + " ".join(f"{f'p{p}':>7}" for p in PAGES) + "  kernel (p16)   max err")
 for B, hq, hkv, D, S in SHAPES:
     g = torch.Generator(device="cuda").manual_seed(S + D + B)
