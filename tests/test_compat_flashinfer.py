@@ -117,6 +117,23 @@ def test_wrapper_plans_and_runs_as_flashinfers(paged):
     assert dec.runs[-1][1] is k2 and dec.runs[-1][2] is v2 and dec.runs[-1][4] is False
 
 
+@pytest.mark.parametrize("kv_layout, page_dim", [("NHD", 1), ("HND", 2)])
+def test_wrapper_takes_caches_of_one_row_pages_without_their_page_dim(paged, kv_layout, page_dim):
+    """As FlashInfer: pages of one row may come as [num_pages, num_kv_heads, head_dim] caches (SGLang's
+    token pool passes its (k_buffer, v_buffer) so) or one [num_pages, 2, num_kv_heads, head_dim]."""
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(None, kv_layout)
+    w.plan(*page_table()[:2], torch.ones(2, dtype=torch.int32), H, HKV, D, 1, q_data_type=torch.bfloat16)
+    q = torch.zeros(2, H, D, dtype=torch.bfloat16)
+    k, v = torch.zeros(5, HKV, D, dtype=torch.bfloat16), torch.zeros(5, HKV, D, dtype=torch.bfloat16)
+    w.run(q, (k, v))
+    got_k, got_v = paged[0].runs[-1][1:3]
+    assert got_k.shape == got_v.shape == k.unsqueeze(page_dim).shape and got_v.data_ptr() == v.data_ptr()
+    both = torch.zeros(5, 2, HKV, D, dtype=torch.bfloat16)
+    w.run(q, both)
+    got_k, got_v = paged[0].runs[-1][1:3]
+    assert got_k.shape == k.unsqueeze(page_dim).shape and got_v.data_ptr() == both[:, 1].data_ptr()
+
+
 def test_wrapper_takes_flashinfers_deprecated_positional_plan_options(paged):
     """FlashInfer's order (o_data_type sixth, sm_scale eighth), up to its 16 options: vLLM's
     fast_plan_decode passes 15 of them."""
@@ -219,3 +236,62 @@ def test_flashinfers_deprecated_forward_as_sglang_calls_it(paged):
     with pytest.raises(ValueError, match="logits_soft_cap"):
         w.forward(q, cache, logits_soft_cap=30.0)
     assert len(paged[0].runs) == 2
+
+
+@pytest.mark.parametrize("tensor_cores", [False, True])
+@pytest.mark.parametrize("graph", [False, True])
+def test_sglang_fast_decode_plan_plans_from_the_wrappers_buffers(paged, graph, tensor_cores):
+    """SGLang's fast_decode_plan after a first plan(): `_cached_module.plan` in FlashInfer's
+    CUDA-core or tensor-core form plans pykda again from the page table in the wrapper's buffers
+    (with use_cuda_graph, written there by SGLang; else its own arrays), at the first plan's
+    scale, and the cache dtype of its empty tensor."""
+    from sglang_fast_plan import fast_decode_plan
+    bufs = (torch.zeros(3, dtype=torch.int32), torch.zeros(64, dtype=torch.int32), torch.zeros(2, dtype=torch.int32))
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8, dtype=torch.uint8), "NHD", graph, tensor_cores,
+                                              *(bufs if graph else (None,) * 3))
+    assert w._cached_module is None and w._fixed_batch_size == (2 if graph else 0)
+    assert w.device == torch.device("cpu")
+    w.plan(*page_table(), H, HKV, D, 16, q_data_type=torch.float16, sm_scale=0.3)
+    indptr, indices, last = torch.tensor([0, 1, 4], dtype=torch.int32), torch.tensor([7, 2, 9, 5],
+                                                                                    dtype=torch.int32), \
+        torch.tensor([5, 16], dtype=torch.int32)
+    if graph:   # SGLang writes the new table into the wrapper's buffers, then plans
+        w._paged_kv_indptr_buf.copy_(indptr)
+        w._paged_kv_indices_buf[:4].copy_(indices)
+        w._paged_kv_last_page_len_buf.copy_(last)
+        fast_decode_plan(w, w._paged_kv_indptr_buf, w._paged_kv_indices_buf, w._paged_kv_last_page_len_buf, H, HKV,
+                         D, 16, kv_dtype=torch.float16)
+    else:
+        fast_decode_plan(w, indptr, indices, last, H, HKV, D, 16, kv_dtype=torch.float16)
+    args, kw = paged[0].plans[-1]
+    assert len(paged[0].plans) == 2 and kw == dict(scale=0.3) and args[3:] == (H, HKV, D, 16)
+    assert torch.equal(args[0], indptr) and torch.equal(args[1], indices) and torch.equal(args[2], last)
+    assert args[0].device.type == "cpu"   # the host copy fast_decode_plan made
+    if graph:   # the pages a captured run reads: the buffer's, at its start
+        assert args[1].data_ptr() == bufs[1].data_ptr() and args[2].data_ptr() == bufs[2].data_ptr()
+    assert w._kv_dtype == "float16" and w._plan_info is None
+    cache = torch.zeros(10, 2, 16, HKV, D, dtype=torch.float16)
+    assert torch.all(w.forward(torch.zeros(2, H, D, dtype=torch.float16), cache, sm_scale=0.3) == 1)
+
+
+def test_sglang_fast_decode_plan_refuses_what_pykda_does_not_compute(paged):
+    from sglang_fast_plan import fast_decode_plan
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(None)
+    with pytest.raises(AttributeError):   # as FlashInfer's: no plan module before the first plan()
+        fast_decode_plan(w, *page_table(), H, HKV, D, 16)
+    w.plan(*page_table(), H, HKV, D, 16, q_data_type=torch.bfloat16)
+    with pytest.raises(ValueError, match="window_left"):
+        fast_decode_plan(w, *page_table(), H, HKV, D, 16, window_left=128)
+    with pytest.raises(ValueError, match="empty_kv_data"):
+        fast_decode_plan(w, *page_table(), H, HKV, D, 16, kv_dtype=torch.float32)
+    module, ws, empty = w._cached_module, (None, None, None), torch.empty(0, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="head_dim_vo"):
+        module.plan(*ws, page_table()[0], 2, H, HKV, 16, False, -1, 0.0, D, 2 * D, empty, empty)
+    with pytest.raises(ValueError, match="batch_size"):
+        module.plan(*ws, page_table()[0], 3, H, HKV, 16, False, -1, 0.0, D, D, empty, empty)
+    with pytest.raises(ValueError, match="one query token"):   # the tensor-core form, 2 query rows a request
+        module.plan(*ws, torch.tensor([0, 2, 4]), page_table()[0], torch.tensor([31, 35]), 4, 2, H, HKV, 16, False,
+                    D, D, True)
+    with pytest.raises(TypeError, match="15 plan arguments"):
+        module.plan(*ws, page_table()[0], 2)
+    assert len(paged[0].plans) == 1

@@ -1,7 +1,8 @@
-"""pykda.compat.flashinfer beside FlashInfer on the device (run on the H200 with the peers staged;
-skipped without FlashInfer): the same calls, with the same arguments, to both libraries give the
-same outputs within bf16 rounding and the same base-2 LSE; the wrapper's CUDA-graph mode replays
-a run captured after one plan with the page table of a later plan."""
+"""pykda.compat.flashinfer on the device: beside FlashInfer (with the peers staged; skipped
+without FlashInfer) the same calls, with the same arguments, to both libraries give the same
+outputs within bf16 rounding and the same base-2 LSE; the wrapper's CUDA-graph mode replays a run
+captured after one plan with the page table of a later plan, whether planned by plan() or by
+SGLang's fast_decode_plan."""
 import pytest
 
 from pykda import reference
@@ -9,9 +10,13 @@ from pykda.compat import flashinfer as shim
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
-flashinfer = pytest.importorskip("flashinfer", reason="FlashInfer (a peer) is not importable")
 H, HKV, D, PAGE = 32, 8, 128, 16
 TOL = 5e-3   # both outputs are bf16 roundings of the same attention
+
+
+@pytest.fixture
+def flashinfer():
+    return pytest.importorskip("flashinfer", reason="FlashInfer (a peer) is not importable")
 
 
 def rel(a, b):
@@ -19,7 +24,7 @@ def rel(a, b):
 
 
 @pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
-def test_single_decode_matches_flashinfers(kv_layout):
+def test_single_decode_matches_flashinfers(flashinfer, kv_layout):
     g = torch.Generator(device="cuda").manual_seed(0)
     kv_len = 1000
     shape = (kv_len, HKV, D) if kv_layout == "NHD" else (HKV, kv_len, D)
@@ -32,13 +37,13 @@ def test_single_decode_matches_flashinfers(kv_layout):
     assert torch.allclose(lse, lse_fi, atol=1e-3, rtol=1e-4), (lse - lse_fi).abs().max()   # both base 2
 
 
-def page_table(lengths, pool: int, seed: int):
-    """indptr, indices, last_page_len of requests holding `lengths` rows on shuffled pages of PAGE
-    rows drawn from a pool of `pool` pages (int32, on the device)."""
-    pages = [-(-n // PAGE) for n in lengths]
+def page_table(lengths, pool: int, seed: int, page: int = PAGE):
+    """indptr, indices, last_page_len of requests holding `lengths` rows on shuffled pages of
+    `page` rows drawn from a pool of `pool` pages (int32, on the device)."""
+    pages = [-(-n // page) for n in lengths]
     order = torch.randperm(pool, generator=torch.Generator().manual_seed(seed))[:sum(pages)].to(torch.int32)
     indptr = torch.tensor([0] + [sum(pages[:i + 1]) for i in range(len(pages))], dtype=torch.int32)
-    last = torch.tensor([n - (p - 1) * PAGE for n, p in zip(lengths, pages)], dtype=torch.int32)
+    last = torch.tensor([n - (p - 1) * page if p else 1 for n, p in zip(lengths, pages)], dtype=torch.int32)
     return indptr.cuda(), order.cuda(), last.cuda()
 
 
@@ -47,7 +52,7 @@ def randn(*shape, seed: int):
     return torch.randn(*shape, generator=g, device="cuda").to(torch.bfloat16)
 
 
-def test_paged_wrapper_matches_flashinfers():
+def test_paged_wrapper_matches_flashinfers(flashinfer):
     lengths, pool = [1, 17, 300, 1024, 4097], 400
     table = page_table(lengths, pool, 1)
     q, cache = randn(len(lengths), H, D, seed=1), randn(pool, 2, HKV, PAGE, D, seed=2)   # one [pages, 2, ...] buffer
@@ -92,3 +97,45 @@ def test_cuda_graph_mode_replays_the_latest_plan():
         eager.plan(*table, H, HKV, D, PAGE, q_data_type=torch.bfloat16)
         o = eager.run(q, cache)
         assert torch.equal(out, o) if i == 0 else rel(out, o) <= TOL, rel(out, o)
+
+
+@pytest.mark.parametrize("tensor_cores", [False, True])
+def test_sglang_graph_replays_after_fast_decode_plan(tensor_cores):
+    """SGLang's decode under CUDA graphs on its token pool (pages of 1, NHD): plan() once, the run
+    captured (through forward(), as SGLang calls it), then before each replay the next table
+    written into the wrapper's buffers and fast_decode_plan in place of plan(): each replay
+    equals an eager plan and run of its table (the plan's chunks may differ: within bf16 rounding
+    then). The tables have a request with no rows, as SGLang's padded batches do."""
+    from sglang_fast_plan import fast_decode_plan
+    B, pool, scale = 4, 12000, D ** -0.5
+    bufs = (torch.empty(B + 1, dtype=torch.int32, device="cuda"), torch.empty(pool, dtype=torch.int32, device="cuda"),
+            torch.empty(B, dtype=torch.int32, device="cuda"))
+    w = shim.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8, dtype=torch.uint8, device="cuda"), "NHD", True,
+                                                tensor_cores, *bufs)
+    tables = [page_table(lengths, pool, seed, page=1)
+              for seed, lengths in ((6, [100, 2000, 33, 700]), (7, [3000, 0, 640, 1200]), (8, [5, 17, 1, 4097]))]
+    cache = (randn(pool, HKV, D, seed=4), randn(pool, HKV, D, seed=3))   # SGLang's (k_buffer, v_buffer)
+    q = randn(B, H, D, seed=5)
+    w.begin_forward(*tables[0], H, HKV, D, 1, data_type=torch.bfloat16, q_data_type=torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        w.forward(q, cache, sm_scale=scale)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = w.forward(q, cache, sm_scale=scale)
+    for i, (indptr, indices, last) in enumerate(tables[1:] + tables[:1]):
+        bufs[0].copy_(indptr)
+        bufs[1][:indices.shape[0]].copy_(indices)
+        bufs[2].copy_(last)
+        fast_decode_plan(w, bufs[0], bufs[1], bufs[2], H, HKV, D, 1, sm_scale=scale)
+        q.copy_(randn(B, H, D, seed=20 + i))
+        out.fill_(float("nan"))
+        graph.replay()
+        eager = shim.BatchDecodeWithPagedKVCacheWrapper(None, "NHD")
+        eager.plan(indptr, indices, last, H, HKV, D, 1, q_data_type=torch.bfloat16)
+        o = eager.run(q, cache)
+        assert not out.isnan().any() and rel(out, o) <= TOL, rel(out, o)
+        if i == 2:   # the captured plan's own table
+            assert torch.equal(out, o)

@@ -13,7 +13,13 @@ FlashInfer's conventions, kept here:
   the caller's allocator), and with `use_cuda_graph` the indptr / indices / last_page_len buffers
   it is given: `plan()` copies the page table into them and `run()` reads the pages from the
   indices buffer, so a captured run replays whatever the last plan of that batch size wrote;
-- the paged cache as a `(k_cache, v_cache)` pair or one `[num_pages, 2, ...]` tensor.
+- the wrapper's attributes that SGLang's `fast_decode_plan` (its CUDA-graph replays and draft
+  steps) reads and writes in place of `plan()`: the three page-table buffers under FlashInfer's
+  names, `_fixed_batch_size`, `device`, the workspace buffers, and `_cached_module`, whose
+  `plan(...)` takes FlashInfer's compiled plan arguments (`FastPlanModule`) and plans pykda
+  again from the page table already in the wrapper's buffers;
+- the paged cache as a `(k_cache, v_cache)` pair or one `[num_pages, 2, ...]` tensor, for pages
+  of one row also without the page dim (`_cache_pair`).
 `use_tensor_cores`, `backend`, `fixed_split_size`, `disable_split_kv`, `non_blocking` and
 `enable_pdl` choose FlashInfer's kernels and schedules and change no result: pykda's planner
 chooses its own. What pykda cannot honour (RoPE or ALiBi in the kernel, sliding windows, a logits
@@ -86,6 +92,16 @@ def single_decode_with_kv_cache(q, k, v, kv_layout: str = "NHD", pos_encoding_mo
     return _as_flashinfer(*(r if return_lse else (r, None)), v_scale)
 
 
+def _cache_pair(paged_kv_cache, kv_layout: str):
+    """FlashInfer's paged cache argument as pykda's (k_cache, v_cache) of four dims: a (k, v) pair
+    or one [num_pages, 2, ...] tensor, and, as FlashInfer takes them for pages of one row,
+    caches without the page dim ([num_pages, num_kv_heads, head_dim] each, or one [num_pages, 2,
+    num_kv_heads, head_dim]: SGLang's token pool passes its (k_buffer, v_buffer) so)."""
+    k, v = paged_kv_cache if isinstance(paged_kv_cache, tuple) else (paged_kv_cache[:, 0], paged_kv_cache[:, 1])
+    page_dim = 1 if kv_layout == "NHD" else 2
+    return tuple(c.unsqueeze(page_dim) if c.ndim == 3 else c for c in (k, v))
+
+
 # FlashInfer's plan() keywords that choose its kernels and schedules only (results unchanged)
 PLAN_SCHEDULE_ONLY = ("non_blocking", "fixed_split_size", "disable_split_kv", "rope_scale", "rope_theta")
 # plan()'s optional arguments FlashInfer takes by position after page_size (its deprecated order, as
@@ -107,13 +123,22 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if use_cuda_graph and any(b is None for b in buffers):
             raise ValueError("use_cuda_graph=True needs paged_kv_indptr_buffer, paged_kv_indices_buffer and "
                              "paged_kv_last_page_len_buffer (the plans' page tables, read by the captured runs)")
-        del float_workspace_buffer, backend   # (see the module docstring)
+        del backend   # (see the module docstring)
         self._use_cuda_graph, self._use_tensor_cores = bool(use_cuda_graph), bool(use_tensor_cores)
-        self._buffers = buffers if use_cuda_graph else None
         self._decode = _PagedDecode(kv_layout)
         self._kv_dtype, self._scale = None, None   # plan()'s
         # FlashInfer's record of plan()'s attention options, which vLLM's decode asserts before run()
         self._window_left, self._logits_soft_cap, self._sm_scale = -1, 0.0, None
+        # FlashInfer's state that SGLang's fast_decode_plan reads and writes (the module docstring):
+        # the page table's buffers (with use_cuda_graph the given ones, else plan()'s arrays), the
+        # workspace (kept unused; pykda has no int workspace), and the plan module after a plan()
+        self._paged_kv_indptr_buf, self._paged_kv_indices_buf, self._paged_kv_last_page_len_buf = buffers
+        self._fixed_batch_size = buffers[0].shape[0] - 1 if use_cuda_graph else 0
+        self._float_workspace_buffer = float_workspace_buffer
+        self._int_workspace_buffer = self._pin_memory_int_workspace_buffer = None
+        self.device = next((getattr(b, "device") for b in (float_workspace_buffer, *buffers)
+                            if hasattr(b, "device")), None)
+        self._cached_module, self._plan_info = None, None
 
     @property
     def is_cuda_graph_enabled(self) -> bool:
@@ -166,15 +191,26 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise ValueError(f"kv_data_type {kv}: pykda reads {' or '.join(KV_DTYPES)} caches")
         if self._use_cuda_graph:
             indptr, indices, last_page_len = self._into_buffers(indptr, indices, last_page_len)
-        self._kv_dtype, self._scale = kv, _scale(head_dim, sm_scale, None, None)
+        else:
+            self._paged_kv_indptr_buf, self._paged_kv_indices_buf, self._paged_kv_last_page_len_buf = \
+                indptr, indices, last_page_len
         self._window_left, self._logits_soft_cap, self._sm_scale = window_left, logits_soft_cap or 0.0, sm_scale
+        self._plan_pykda(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, kv,
+                         _scale(head_dim, sm_scale, None, None))
+
+    def _plan_pykda(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, kv_dtype,
+                    scale) -> None:
+        """pykda's plan of a checked page table, recorded for run() and for fast_decode_plan."""
         self._decode.plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
-                          scale=self._scale)
+                          scale=scale)
+        self._kv_dtype, self._scale = kv_dtype, scale
+        self._cached_module = FastPlanModule(self)
 
     def _into_buffers(self, indptr, indices, last_page_len):
         """The page table copied into the graph's buffers, as FlashInfer does (views of them:
         run() reads the pages from the indices buffer, the same pointer every plan)."""
-        indptr_buf, indices_buf, last_buf = self._buffers
+        indptr_buf, indices_buf, last_buf = \
+            self._paged_kv_indptr_buf, self._paged_kv_indices_buf, self._paged_kv_last_page_len_buf
         if indptr.shape[0] != indptr_buf.shape[0]:
             raise ValueError(f"the batch size is fixed with use_cuda_graph: indptr has {indptr.shape[0]} entries, "
                              f"paged_kv_indptr_buffer {indptr_buf.shape[0]}")
@@ -205,8 +241,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         for name, s in (("q_scale", q_scale), ("k_scale", k_scale)):
             if s is not None and s != 1:
                 raise ValueError(f"{name}={s}: pykda's logits scale is fixed at plan() (sm_scale there)")
-        k_cache, v_cache = paged_kv_cache if isinstance(paged_kv_cache, tuple) else \
-            (paged_kv_cache[:, 0], paged_kv_cache[:, 1])
+        k_cache, v_cache = _cache_pair(paged_kv_cache, self._decode.kv_layout)
         if _dtype_name(k_cache.dtype) != self._kv_dtype:
             raise ValueError(f"the cache is {_dtype_name(k_cache.dtype)}; plan() was told {self._kv_dtype}")
         r = self._decode.run(q, k_cache, v_cache, out=out, return_lse=return_lse)
@@ -236,6 +271,55 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
     def end_forward(self) -> None:
         """FlashInfer's deprecated end of a forward: nothing to do."""
+
+
+# FlashInfer's compiled plan module's arguments, by position, in the two forms SGLang's
+# fast_decode_plan passes: the CUDA-core decode plan's, and the tensor-core (prefill) plan's
+CORE_PLAN = ("float_workspace", "int_workspace", "pinned_int_workspace", "indptr_host", "batch_size",
+             "num_qo_heads", "num_kv_heads", "page_size", "enable_cuda_graph", "window_left", "logits_soft_cap",
+             "head_dim_qk", "head_dim_vo", "empty_q_data", "empty_kv_data")
+TENSOR_CORE_PLAN = ("float_workspace", "int_workspace", "pinned_int_workspace", "qo_indptr_host", "indptr_host",
+                    "kv_lens_host", "total_num_rows", "batch_size", "num_qo_heads", "num_kv_heads", "page_size",
+                    "enable_cuda_graph", "head_dim_qk", "head_dim_vo", "causal")
+
+
+class FastPlanModule:
+    """A planned wrapper's `_cached_module`: FlashInfer's compiled plan module as SGLang's
+    fast_decode_plan calls it, `plan(*args)` in either of FlashInfer's positional forms
+    (`CORE_PLAN`, `TENSOR_CORE_PLAN`), once the caller has written the page table into the
+    wrapper's buffers (with use_cuda_graph; else set the buffers to its own arrays). pykda plans
+    again from those buffers: request b's pages `_paged_kv_indices_buf[indptr[b]:indptr[b + 1]]`
+    (indptr: the host copy passed), its last page's rows `_paged_kv_last_page_len_buf[b]` (read
+    back from the device), the cache dtype of `empty_kv_data` (the tensor-core form names none:
+    the last plan's stands) and the last plan's logits scale (fast_decode_plan passes its
+    sm_scale to neither). Returns None, which the caller keeps as `_plan_info`."""
+
+    def __init__(self, wrapper: BatchDecodeWithPagedKVCacheWrapper):
+        self._wrapper = wrapper
+
+    def plan(self, *args) -> None:
+        if len(args) != len(CORE_PLAN):
+            raise TypeError(f"plan() takes FlashInfer's {len(CORE_PLAN)} plan arguments by position; got {len(args)}")
+        tensor_cores = hasattr(args[4], "shape")   # the kv indptr there, the CUDA-core form's batch size
+        a = dict(zip(TENSOR_CORE_PLAN if tensor_cores else CORE_PLAN, args))
+        w, batch, head_dim = self._wrapper, int(a["batch_size"]), a["head_dim_qk"]
+        if tensor_cores:   # (causal or not: one query token at each request's end sees the whole cache)
+            if a["total_num_rows"] != batch:
+                raise ValueError(f"total_num_rows {a['total_num_rows']} != batch_size {batch}: pykda decodes one "
+                                 "query token a request")
+            kv = w._kv_dtype
+        else:
+            _no_positional_features("NONE", a["window_left"], a["logits_soft_cap"])
+            kv = _dtype_name(a["empty_kv_data"].dtype)
+            if kv not in KV_DTYPES:
+                raise ValueError(f"empty_kv_data is {kv}: pykda reads {' or '.join(KV_DTYPES)} caches")
+        if a["head_dim_vo"] != head_dim:
+            raise ValueError(f"head_dim_vo {a['head_dim_vo']} != head_dim_qk {head_dim}: pykda's V has K's head dim")
+        indptr = a["indptr_host"]
+        if indptr.shape[0] != batch + 1:
+            raise ValueError(f"indptr_host has {indptr.shape[0]} entries; batch_size {batch} needs {batch + 1}")
+        w._plan_pykda(indptr, w._paged_kv_indices_buf[:int(indptr[-1])], w._paged_kv_last_page_len_buf[:batch],
+                      a["num_qo_heads"], a["num_kv_heads"], head_dim, a["page_size"], kv, w._scale)
 
 
 class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
