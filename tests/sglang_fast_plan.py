@@ -6,12 +6,17 @@ SGLang has written the page table into the wrapper's buffers beforehand (with us
 hands its own arrays; this step checks the batch size and the indices' room, makes empty tensors
 naming the dtypes, reads the indptr back to the host and calls the wrapper's `_cached_module.plan`
 with FlashInfer's compiled plan arguments by position: the CUDA-core decode form, or with
-`use_tensor_cores` the prefill form (a query row a request, kv lengths made on the host)."""
+`use_tensor_cores` the prefill form (a query row a request, kv lengths made on the host).
+FlashInfer's own `flashinfer.decode.fast_decode_plan`, which newer SGLang takes, makes the same
+calls, the prefill form with its four later arguments too."""
 import torch
 
 
 def fast_decode_plan(w, indptr, indices, last_page_len, num_qo_heads: int, num_kv_heads: int, head_dim: int,
-                     page_size: int, kv_dtype=torch.bfloat16, window_left: int = -1, sm_scale=None) -> None:
+                     page_size: int, kv_dtype=torch.bfloat16, window_left: int = -1, sm_scale=None,
+                     flashinfers: bool = False) -> None:
+    """`flashinfers`: as FlashInfer's own flashinfer.decode.fast_decode_plan (newer SGLang's), whose
+    tensor-core form passes four arguments more."""
     batch = len(last_page_len)
     if w.is_cuda_graph_enabled:
         if batch != w._fixed_batch_size:
@@ -30,7 +35,8 @@ def fast_decode_plan(w, indptr, indices, last_page_len, num_qo_heads: int, num_k
         kv_lens_host = torch.where(pages > 0, (pages - 1) * page_size + last_page_len.cpu(), 0)
         w._plan_info = w._cached_module.plan(*workspaces, qo_indptr_host, indptr_host, kv_lens_host, batch, batch,
                                              num_qo_heads, num_kv_heads, page_size, w.is_cuda_graph_enabled,
-                                             head_dim, head_dim, False)
+                                             head_dim, head_dim, False,
+                                             *((window_left, -1, False, 0) if flashinfers else ()))
     else:
         w._plan_info = w._cached_module.plan(*workspaces, indptr_host, batch, num_qo_heads, num_kv_heads, page_size,
                                              w.is_cuda_graph_enabled, window_left, 0.0, head_dim, head_dim, empty_q,

@@ -238,13 +238,13 @@ def test_flashinfers_deprecated_forward_as_sglang_calls_it(paged):
     assert len(paged[0].runs) == 2
 
 
-@pytest.mark.parametrize("tensor_cores", [False, True])
+@pytest.mark.parametrize("tensor_cores, flashinfers", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("graph", [False, True])
-def test_sglang_fast_decode_plan_plans_from_the_wrappers_buffers(paged, graph, tensor_cores):
-    """SGLang's fast_decode_plan after a first plan(): `_cached_module.plan` in FlashInfer's
-    CUDA-core or tensor-core form plans pykda again from the page table in the wrapper's buffers
-    (with use_cuda_graph, written there by SGLang; else its own arrays), at the first plan's
-    scale, and the cache dtype of its empty tensor."""
+def test_sglang_fast_decode_plan_plans_from_the_wrappers_buffers(paged, graph, tensor_cores, flashinfers):
+    """SGLang's fast_decode_plan (or FlashInfer's own) after a first plan(): `_cached_module.plan`
+    in FlashInfer's CUDA-core or tensor-core form (15 or 19 arguments) plans pykda again from the
+    page table in the wrapper's buffers (with use_cuda_graph, written there by SGLang; else its
+    own arrays), at the first plan's scale and cache dtype (the CUDA-core form's empty tensor's)."""
     from sglang_fast_plan import fast_decode_plan
     bufs = (torch.zeros(3, dtype=torch.int32), torch.zeros(64, dtype=torch.int32), torch.zeros(2, dtype=torch.int32))
     w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8, dtype=torch.uint8), "NHD", graph, tensor_cores,
@@ -260,9 +260,9 @@ def test_sglang_fast_decode_plan_plans_from_the_wrappers_buffers(paged, graph, t
         w._paged_kv_indices_buf[:4].copy_(indices)
         w._paged_kv_last_page_len_buf.copy_(last)
         fast_decode_plan(w, w._paged_kv_indptr_buf, w._paged_kv_indices_buf, w._paged_kv_last_page_len_buf, H, HKV,
-                         D, 16, kv_dtype=torch.float16)
+                         D, 16, kv_dtype=torch.float16, flashinfers=flashinfers)
     else:
-        fast_decode_plan(w, indptr, indices, last, H, HKV, D, 16, kv_dtype=torch.float16)
+        fast_decode_plan(w, indptr, indices, last, H, HKV, D, 16, kv_dtype=torch.float16, flashinfers=flashinfers)
     args, kw = paged[0].plans[-1]
     assert len(paged[0].plans) == 2 and kw == dict(scale=0.3) and args[3:] == (H, HKV, D, 16)
     assert torch.equal(args[0], indptr) and torch.equal(args[1], indices) and torch.equal(args[2], last)
@@ -292,6 +292,9 @@ def test_sglang_fast_decode_plan_refuses_what_pykda_does_not_compute(paged):
     with pytest.raises(ValueError, match="one query token"):   # the tensor-core form, 2 query rows a request
         module.plan(*ws, torch.tensor([0, 2, 4]), page_table()[0], torch.tensor([31, 35]), 4, 2, H, HKV, 16, False,
                     D, D, True)
-    with pytest.raises(TypeError, match="15 plan arguments"):
+    w._use_tensor_cores = True
+    with pytest.raises(ValueError, match="window_left"):   # FlashInfer's own fast_decode_plan, tensor-core form
+        fast_decode_plan(w, *page_table(), H, HKV, D, 16, window_left=128, flashinfers=True)
+    with pytest.raises(TypeError, match="plan arguments by position"):
         module.plan(*ws, page_table()[0], 2)
     assert len(paged[0].plans) == 1

@@ -99,13 +99,14 @@ def test_cuda_graph_mode_replays_the_latest_plan():
         assert torch.equal(out, o) if i == 0 else rel(out, o) <= TOL, rel(out, o)
 
 
-@pytest.mark.parametrize("tensor_cores", [False, True])
-def test_sglang_graph_replays_after_fast_decode_plan(tensor_cores):
+@pytest.mark.parametrize("tensor_cores, flashinfers", [(False, False), (True, False), (True, True)])
+def test_sglang_graph_replays_after_fast_decode_plan(tensor_cores, flashinfers):
     """SGLang's decode under CUDA graphs on its token pool (pages of 1, NHD): plan() once, the run
     captured (through forward(), as SGLang calls it), then before each replay the next table
-    written into the wrapper's buffers and fast_decode_plan in place of plan(): each replay
-    equals an eager plan and run of its table (the plan's chunks may differ: within bf16 rounding
-    then). The tables have a request with no rows, as SGLang's padded batches do."""
+    written into the wrapper's buffers and fast_decode_plan (SGLang's, or FlashInfer's own) in
+    place of plan(): each replay equals an eager plan and run of its table (the plan's chunks may
+    differ: within bf16 rounding then). A table has a request with no rows, as SGLang's padded
+    batches do."""
     from sglang_fast_plan import fast_decode_plan
     B, pool, scale = 4, 12000, D ** -0.5
     bufs = (torch.empty(B + 1, dtype=torch.int32, device="cuda"), torch.empty(pool, dtype=torch.int32, device="cuda"),
@@ -129,7 +130,7 @@ def test_sglang_graph_replays_after_fast_decode_plan(tensor_cores):
         bufs[0].copy_(indptr)
         bufs[1][:indices.shape[0]].copy_(indices)
         bufs[2].copy_(last)
-        fast_decode_plan(w, bufs[0], bufs[1], bufs[2], H, HKV, D, 1, sm_scale=scale)
+        fast_decode_plan(w, bufs[0], bufs[1], bufs[2], H, HKV, D, 1, sm_scale=scale, flashinfers=flashinfers)
         q.copy_(randn(B, H, D, seed=20 + i))
         out.fill_(float("nan"))
         graph.replay()

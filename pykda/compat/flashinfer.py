@@ -273,19 +273,21 @@ class BatchDecodeWithPagedKVCacheWrapper:
         """FlashInfer's deprecated end of a forward: nothing to do."""
 
 
-# FlashInfer's compiled plan module's arguments, by position, in the two forms SGLang's
-# fast_decode_plan passes: the CUDA-core decode plan's, and the tensor-core (prefill) plan's
+# FlashInfer's compiled plan module's arguments, by position, as fast_decode_plan passes them (SGLang's
+# own, and FlashInfer's flashinfer.decode.fast_decode_plan that newer SGLang takes): the CUDA-core
+# decode plan's 15, and the tensor-core (prefill) plan's, 15 (SGLang's) or all 19 (FlashInfer's)
 CORE_PLAN = ("float_workspace", "int_workspace", "pinned_int_workspace", "indptr_host", "batch_size",
              "num_qo_heads", "num_kv_heads", "page_size", "enable_cuda_graph", "window_left", "logits_soft_cap",
              "head_dim_qk", "head_dim_vo", "empty_q_data", "empty_kv_data")
 TENSOR_CORE_PLAN = ("float_workspace", "int_workspace", "pinned_int_workspace", "qo_indptr_host", "indptr_host",
                     "kv_lens_host", "total_num_rows", "batch_size", "num_qo_heads", "num_kv_heads", "page_size",
-                    "enable_cuda_graph", "head_dim_qk", "head_dim_vo", "causal")
+                    "enable_cuda_graph", "head_dim_qk", "head_dim_vo", "causal", "window_left", "fixed_split_size",
+                    "disable_split_kv", "num_colocated_ctas")
 
 
 class FastPlanModule:
     """A planned wrapper's `_cached_module`: FlashInfer's compiled plan module as SGLang's
-    fast_decode_plan calls it, `plan(*args)` in either of FlashInfer's positional forms
+    fast_decode_plan calls it, `plan(*args)` in any of FlashInfer's positional forms
     (`CORE_PLAN`, `TENSOR_CORE_PLAN`), once the caller has written the page table into the
     wrapper's buffers (with use_cuda_graph; else set the buffers to its own arrays). pykda plans
     again from those buffers: request b's pages `_paged_kv_indices_buf[indptr[b]:indptr[b + 1]]`
@@ -298,18 +300,20 @@ class FastPlanModule:
         self._wrapper = wrapper
 
     def plan(self, *args) -> None:
-        if len(args) != len(CORE_PLAN):
-            raise TypeError(f"plan() takes FlashInfer's {len(CORE_PLAN)} plan arguments by position; got {len(args)}")
-        tensor_cores = hasattr(args[4], "shape")   # the kv indptr there, the CUDA-core form's batch size
+        tensor_cores = len(args) > 4 and hasattr(args[4], "shape")   # the kv indptr there, else the batch size
+        forms = (len(CORE_PLAN), len(TENSOR_CORE_PLAN)) if tensor_cores else (len(CORE_PLAN),)
+        if len(args) not in forms:
+            raise TypeError(f"plan() takes FlashInfer's plan arguments by position ({' or '.join(map(str, forms))} of "
+                            f"them); got {len(args)}")
         a = dict(zip(TENSOR_CORE_PLAN if tensor_cores else CORE_PLAN, args))
         w, batch, head_dim = self._wrapper, int(a["batch_size"]), a["head_dim_qk"]
+        _no_positional_features("NONE", a.get("window_left", -1), a.get("logits_soft_cap"))
         if tensor_cores:   # (causal or not: one query token at each request's end sees the whole cache)
             if a["total_num_rows"] != batch:
                 raise ValueError(f"total_num_rows {a['total_num_rows']} != batch_size {batch}: pykda decodes one "
                                  "query token a request")
             kv = w._kv_dtype
         else:
-            _no_positional_features("NONE", a["window_left"], a["logits_soft_cap"])
             kv = _dtype_name(a["empty_kv_data"].dtype)
             if kv not in KV_DTYPES:
                 raise ValueError(f"empty_kv_data is {kv}: pykda reads {' or '.join(KV_DTYPES)} caches")
