@@ -289,6 +289,9 @@ def test_sglang_fast_decode_plan_refuses_what_pykda_does_not_compute(paged):
         module.plan(*ws, page_table()[0], 2, H, HKV, 16, False, -1, 0.0, D, 2 * D, empty, empty)
     with pytest.raises(ValueError, match="batch_size"):
         module.plan(*ws, page_table()[0], 3, H, HKV, 16, False, -1, 0.0, D, D, empty, empty)
+    longer = torch.tensor([0, 2, 5, 5, 5], dtype=torch.int32)   # SGLang's global_override_indptr_cpu: the first 3 read
+    module.plan(*ws, longer, 2, H, HKV, 16, False, -1, 0.0, D, D, empty, empty)
+    assert torch.equal(paged[0].plans[-1][0][0], longer[:3])
     with pytest.raises(ValueError, match="one query token"):   # the tensor-core form, 2 query rows a request
         module.plan(*ws, torch.tensor([0, 2, 4]), page_table()[0], torch.tensor([31, 35]), 4, 2, H, HKV, 16, False,
                     D, D, True)
@@ -297,4 +300,4 @@ def test_sglang_fast_decode_plan_refuses_what_pykda_does_not_compute(paged):
         fast_decode_plan(w, *page_table(), H, HKV, D, 16, window_left=128, flashinfers=True)
     with pytest.raises(TypeError, match="plan arguments by position"):
         module.plan(*ws, page_table()[0], 2)
-    assert len(paged[0].plans) == 1
+    assert len(paged[0].plans) == 2

@@ -319,7 +319,7 @@ class FastPlanModule:
                 raise ValueError(f"empty_kv_data is {kv}: pykda reads {' or '.join(KV_DTYPES)} caches")
         if a["head_dim_vo"] != head_dim:
             raise ValueError(f"head_dim_vo {a['head_dim_vo']} != head_dim_qk {head_dim}: pykda's V has K's head dim")
-        indptr = a["indptr_host"]
+        indptr = a["indptr_host"][:batch + 1]   # (as FlashInfer's: SGLang's global_override_indptr_cpu may be longer)
         if indptr.shape[0] != batch + 1:
             raise ValueError(f"indptr_host has {indptr.shape[0]} entries; batch_size {batch} needs {batch + 1}")
         w._plan_pykda(indptr, w._paged_kv_indices_buf[:int(indptr[-1])], w._paged_kv_last_page_len_buf[:batch],
