@@ -44,6 +44,13 @@ def _dtype_name(dtype) -> str | None:
     return None if dtype is None else str(dtype).replace("torch.", "")
 
 
+def _cache_dtype(name: str, dtype: str | None) -> str:
+    """The cache dtype named by argument `name` (a name, as `_dtype_name` gives), if pykda reads it."""
+    if dtype not in KV_DTYPES:
+        raise ValueError(f"{name} {dtype}: pykda reads {' or '.join(KV_DTYPES)} caches")
+    return dtype
+
+
 def _no_positional_features(pos_encoding_mode: str, window_left, logits_soft_cap) -> None:
     """Refuse, by name, FlashInfer's features that change the attention itself."""
     if pos_encoding_mode != "NONE":
@@ -186,9 +193,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise ValueError(f"o_data_type {o_dtype}: pykda's output has q's dtype ({_dtype_name(q_data_type)})")
         no_extra("BatchDecodeWithPagedKVCacheWrapper.plan", {n: x for n, x in kwargs.items() if x is not None})
         _no_positional_features(pos_encoding_mode, window_left, logits_soft_cap)
-        kv = _dtype_name(kv_data_type) or _dtype_name(data_type) or _dtype_name(q_data_type)
-        if kv not in KV_DTYPES:
-            raise ValueError(f"kv_data_type {kv}: pykda reads {' or '.join(KV_DTYPES)} caches")
+        kv = _cache_dtype("kv_data_type",
+                          _dtype_name(kv_data_type) or _dtype_name(data_type) or _dtype_name(q_data_type))
         if self._use_cuda_graph:
             indptr, indices, last_page_len = self._into_buffers(indptr, indices, last_page_len)
         else:
@@ -314,9 +320,7 @@ class FastPlanModule:
                                  "query token a request")
             kv = w._kv_dtype
         else:
-            kv = _dtype_name(a["empty_kv_data"].dtype)
-            if kv not in KV_DTYPES:
-                raise ValueError(f"empty_kv_data is {kv}: pykda reads {' or '.join(KV_DTYPES)} caches")
+            kv = _cache_dtype("empty_kv_data", _dtype_name(a["empty_kv_data"].dtype))
         if a["head_dim_vo"] != head_dim:
             raise ValueError(f"head_dim_vo {a['head_dim_vo']} != head_dim_qk {head_dim}: pykda's V has K's head dim")
         indptr = a["indptr_host"][:batch + 1]   # (as FlashInfer's: SGLang's global_override_indptr_cpu may be longer)
