@@ -81,6 +81,18 @@ def uneven_lengths(batch: int, longest: int, seed: int):
     return lens
 
 
+def grid_inputs(B: int, hq: int, hkv: int, d: int, S: int, uneven: bool):
+    """A row's seeded bf16 inputs, as every grid run makes them: q [B, Hq, D], K and V [B, Hkv, S, D]
+    (HND, what the peers read), and each sequence's rows (`uneven_lengths`, or S each), NumPy."""
+    import numpy as np
+    import torch
+    g = torch.Generator(device="cuda").manual_seed(S + hkv + B + d)
+    q = torch.randn(B, hq, d, device="cuda", generator=g).to(torch.bfloat16)
+    k_hnd = torch.randn(B, hkv, S, d, device="cuda", generator=g).to(torch.bfloat16)
+    v_hnd = torch.randn(B, hkv, S, d, device="cuda", generator=g).to(torch.bfloat16)
+    return q, k_hnd, v_hnd, uneven_lengths(B, S, seed=S + B) if uneven else np.full(B, S)
+
+
 def float64_outputs(q, k_nhd, v_nhd, lens=None):
     """float64 outputs [B, Hq, D] as NumPy (one sequence per pass with `lens`, each its own
     length); CuPy's pool is emptied after, for the torch tensors of the next shape."""
@@ -201,12 +213,9 @@ def run(args):
     for B, hq, hkv, S, batched, d, uneven in progress(
             timing.in_time(_cases(args.quick, getattr(args, "shapes", None), grid)), "bench decode",
             label=lambda case: shape_label(*case[:4]) + f" D={case[5]}" + (" uneven" if case[6] else ""), unit="shape"):
-        g = torch.Generator(device="cuda").manual_seed(S + hkv + B + d)
-        q = torch.randn(B, hq, d, device="cuda", generator=g).to(torch.bfloat16)
-        k_hnd = torch.randn(B, hkv, S, d, device="cuda", generator=g).to(torch.bfloat16)   # what the peers read
-        v_hnd = torch.randn(B, hkv, S, d, device="cuda", generator=g).to(torch.bfloat16)
+        q, k_hnd, v_hnd, lens = grid_inputs(B, hq, hkv, d, S, uneven)   # k, v HND: what the peers read
         k_nhd, v_nhd = k_hnd.transpose(1, 2).contiguous(), v_hnd.transpose(1, 2).contiguous()
-        lens = uneven_lengths(B, S, seed=S + B) if uneven else None
+        lens = lens if uneven else None
         kv_lens = torch.as_tensor(lens, dtype=torch.int32).to(q.device) if uneven else None
         rows_read = int(lens.sum()) if uneven else B * S
         nbytes = 2 * rows_read * hkv * d * 2 + 2 * B * hq * d * 2

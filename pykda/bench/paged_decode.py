@@ -19,7 +19,7 @@ from .. import reference
 from ..ops.decode import flash_decode
 from ..ops.paged_decode import PAGE_SIZES, BatchDecodeWithPagedKVCache
 from . import timing
-from .decode import BATCH_SHAPES, D, GRID, QUICK_BATCH, float64_outputs, parse_shapes, peers_ahead, uneven_lengths
+from .decode import BATCH_SHAPES, D, GRID, QUICK_BATCH, float64_outputs, grid_inputs, parse_shapes, peers_ahead
 from ..progress import progress
 
 
@@ -167,11 +167,7 @@ def run_grid(timer):
     cases = [(b, hq, hkv, s, d, uneven) for b, hq, hkv, d, s, uneven in GRID if b > 1]
     for B, hq, hkv, S, d, uneven in progress(timing.in_time(cases), "bench paged-decode --grid", unit="shape",
                                               label=lambda c: f"{c[0]}x{c[1]}/{c[2]}:{c[3]}{'~' if c[5] else ''} D={c[4]}"):
-        g = torch.Generator(device="cuda").manual_seed(S + hkv + B + d)
-        q = torch.randn(B, hq, d, device="cuda", generator=g).to(torch.bfloat16)
-        k_hnd = torch.randn(B, hkv, S, d, device="cuda", generator=g).to(torch.bfloat16)
-        v_hnd = torch.randn(B, hkv, S, d, device="cuda", generator=g).to(torch.bfloat16)
-        lens = uneven_lengths(B, S, seed=S + B) if uneven else np.full(B, S)
+        q, k_hnd, v_hnd, lens = grid_inputs(B, hq, hkv, d, S, uneven)
         kv_lens = torch.as_tensor(lens, dtype=torch.int32).to(q.device)
         o_ref = float64_outputs(q, k_hnd.transpose(1, 2).contiguous(), v_hnd.transpose(1, 2).contiguous(),
                                 lens if uneven else None)
