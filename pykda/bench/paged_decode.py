@@ -139,15 +139,18 @@ def _print_table(rows):
 GRID_PAGES = (16, 64, 1)   # FlashInfer's and vLLM's usual page, a large one (issue 13 names both), SGLang's token pool
 
 
-def shuffled_pages(xs, lens, page: int, seed: int):
+def shuffled_pages(xs, lens, page: int, seed: int, placement=None):
     """The first lens[b] rows of each request of every x [B, Hkv, S, D] in `xs` (K and V) as HND
     pages [P, Hkv, page, D] in one shuffled pool layout (rows past a request's length in its last
     page: zeros or the cache's own): (the pages of each x, kv_indptr, kv_indices, kv_last_page_len),
-    the tables as int32 numpy / torch."""
+    the tables as int32 numpy / torch. `placement(pages_per_request)`, where given, returns the pool
+    page of every (request, page) in request order (a permutation of the pool) instead of the
+    seeded shuffle."""
     import torch
     B, hkv, S, d = xs[0].shape
     n = [-(-int(length) // page) for length in lens]
-    perm = torch.randperm(sum(n), generator=torch.Generator().manual_seed(seed)).to(xs[0].device)
+    perm = (torch.randperm(sum(n), generator=torch.Generator().manual_seed(seed)) if placement is None
+            else placement(n)).to(xs[0].device)
 
     def pages_of(x):
         padded = torch.nn.functional.pad(x, (0, 0, 0, max(n) * page - S)) if max(n) * page > S else x

@@ -3,19 +3,15 @@ profiler: `python one_row.py padded|16|64|1 [repeats]` runs the padded kernel, o
 that size, `repeats` times (default 3) after one warm-up call."""
 import sys
 
-import numpy as np
 import torch
 
 import pykda
-from pykda.bench.decode import uneven_lengths
+from pykda.bench.decode import grid_inputs
 from pykda.bench.paged_decode import shuffled_pages
 
 B, hq, hkv, D, S = 128, 32, 4, 256, 1024
 what, repeats = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 3
-g = torch.Generator(device="cuda").manual_seed(S + hkv + B + D)
-q = torch.randn(B, hq, D, device="cuda", generator=g).to(torch.bfloat16)
-k, v = (torch.randn(B, hkv, S, D, device="cuda", generator=g).to(torch.bfloat16) for _ in "kv")
-lens = uneven_lengths(B, S, seed=S + B)
+q, k, v, lens = grid_inputs(B, hq, hkv, D, S, uneven=True)
 if what == "padded":
     kv_lens = torch.as_tensor(lens, dtype=torch.int32, device="cuda")
     run = lambda: pykda.batch_decode_with_padded_kv_cache(q, k, v, kv_layout="HND", kv_lens=kv_lens)  # noqa: E731

@@ -14,6 +14,7 @@ import torch
 import pykda
 from pykda.bench import timing
 from pykda.bench.decode import grid_inputs
+from pykda.bench.paged_decode import shuffled_pages
 
 timer, copy_tbs = timing.start("read")
 ROWS = [(128, 32, 4, 256, 1024, True), (64, 128, 8, 128, 2048, True), (256, 8, 1, 128, 4096, True),
@@ -46,16 +47,6 @@ def placement(n_pages: list, page_bytes: int, how: str, seed: int) -> torch.Tens
     raise ValueError(how)
 
 
-def pages_in(x, lens, page, perm):
-    B, hkv, S, d = x.shape
-    n = [-(-int(length) // page) for length in lens]
-    padded = torch.nn.functional.pad(x, (0, 0, 0, max(n) * page - S)) if max(n) * page > S else x
-    ordered = torch.cat([padded[b, :, :n[b] * page].reshape(hkv, n[b], page, d).transpose(0, 1) for b in range(B)])
-    pages = torch.empty_like(ordered)
-    pages[perm.to(x.device)] = ordered
-    return pages
-
-
 # (page, placement) columns: every placement on pages of 16, 64 and 1, and shuffled pages of 32 and 128
 # (a 32-row box as on pages of 64, with twice the page ids; boxes of 16 rows as on pages of 16)
 COLS = [(p, h) for p in (16, 64, 1) for h in ("shuffled", "ordered", "window", "requests")] + \
@@ -70,19 +61,15 @@ for B, hq, hkv, D, S, uneven in ROWS:
     cols = [timer.median_us(padded)]
     worst = 0.0
     for page, how in COLS:
-        n = [-(-int(length) // page) for length in lens]
-        indptr = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
-        last = np.array([int(length) - (c - 1) * page for length, c in zip(lens, n)], np.int32)
-        if True:
-            perm = placement(n, page * hkv * D * 2, how, seed=page)
-            kp, vp = pages_in(k, lens, page, perm), pages_in(v, lens, page, perm)
-            dec = pykda.BatchDecodeWithPagedKVCache("HND")
-            dec.plan(indptr, perm.to(torch.int32).cuda(), last, hq, hkv, D, page)
-            run = functools.partial(dec.run, q, kp, vp)
-            worst = max(worst, float((run().float() - o_pad).abs().max()))
-            cols.append(timer.median_us(run))
-            del kp, vp, dec, run
-            torch.cuda.empty_cache()
+        place = functools.partial(placement, page_bytes=page * hkv * D * 2, how=how, seed=page)
+        (kp, vp), indptr, indices, last = shuffled_pages((k, v), lens, page, seed=page, placement=place)
+        dec = pykda.BatchDecodeWithPagedKVCache("HND")
+        dec.plan(indptr, indices, last, hq, hkv, D, page)
+        run = functools.partial(dec.run, q, kp, vp)
+        worst = max(worst, float((run().float() - o_pad).abs().max()))
+        cols.append(timer.median_us(run))
+        del kp, vp, dec, run
+        torch.cuda.empty_cache()
     tag = f"{B}x{hq}/{hkv} D{D} S{S}{'~' if uneven else ''}"
     print(f"{tag:>26} " + " ".join(f"{c:8.2f}" if i == 0 else f"{c:10.2f}" for i, c in enumerate(cols))
           + f"   max |paged - padded| {worst:.1e}", flush=True)
