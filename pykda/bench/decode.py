@@ -215,9 +215,9 @@ def run(args):
             label=lambda case: shape_label(*case[:4]) + f" D={case[5]}" + (" uneven" if case[6] else ""), unit="shape"):
         q, k_hnd, v_hnd, lens = grid_inputs(B, hq, hkv, d, S, uneven)   # k, v HND: what the peers read
         k_nhd, v_nhd = k_hnd.transpose(1, 2).contiguous(), v_hnd.transpose(1, 2).contiguous()
-        lens = lens if uneven else None
+        rows_read = int(lens.sum())
+        lens = lens if uneven else None   # None: every sequence S rows, no kv_lens
         kv_lens = torch.as_tensor(lens, dtype=torch.int32).to(q.device) if uneven else None
-        rows_read = int(lens.sum()) if uneven else B * S
         nbytes = 2 * rows_read * hkv * d * 2 + 2 * B * hq * d * 2
         o_ref = float64_outputs(q, k_nhd, v_nhd, lens)
 
