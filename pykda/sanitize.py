@@ -81,6 +81,7 @@ TESTS = (
     # flash decoding, a paged cache: cp.async gather (page 1) and TMA boxes (16, 128), bad page ids
     "tests/test_paged_decode_gpu.py::test_split_requests_merge_with_scale[1-64]",
     "tests/test_paged_decode_gpu.py::test_split_requests_merge_with_scale[16-64]",
+    "tests/test_paged_decode_gpu.py::test_pages_of_16_in_box_major_tiles[256-HND]",   # a page's 4 sub-tiles, one copy
     "tests/test_paged_decode_gpu.py::test_split_requests_merge_with_scale[128-192]",   # chunks of 3 tiles, mid-page
     "tests/test_paged_decode_gpu.py::test_split_requests_merge_in_clusters[1-128-8]",   # gathered pages, clusters of 8
     "tests/test_paged_decode_gpu.py::test_page_ids_outside_the_pool_read_zeros[1]",   # (and [16]: decode_tiny's)

@@ -317,12 +317,18 @@ def test_run_is_a_partial_launch_then_a_merge_with_the_page_table(offline, page_
                        "warps per row, rows, KV heads"
     if page_size < 16:   # gathered: no tensor maps
         assert offline["maps"] == [] and args[3] == args[4] == args[5] == args[6] == bytes(128)
+    elif page_size <= decode.PAGED_TAIL_ROWS:   # box-major tiles: (64, page_size, head_dim / 64, kv_heads,
+        # num_pages) in boxes of a page's rows of every 64-column sub-tile, one copy a page for K and V
+        assert offline["maps"] == [(n, (64, page_size, d // 64, hkv, P), (row * 2, 128, head * 2, page * 2),
+                                    (64, page_size, d // 64, 1, 1)) for n in ("k_cache", "v_cache")]
+        assert spec.param_dict.get("BOX_MAJOR") is True and "TAIL_ROWS" not in spec.param_dict
     else:   # (head_dim, kv_heads, page_size, num_pages) in boxes of a page's rows, at most a tile; boxes of more
             # than PAGED_TAIL_ROWS rows, a segment's last tile in boxes of that many (the tail maps)
         boxes = dict.fromkeys((min(page_size, plan.block_n), min(page_size, decode.PAGED_TAIL_ROWS)))
         assert offline["maps"] == [(n, (d, hkv, page_size, P), (head * 2, row * 2, page * 2), (64, 1, box, 1))
                                    for box in boxes for n in ("k_cache", "v_cache")]
         assert spec.param_dict.get("TAIL_ROWS") == (decode.PAGED_TAIL_ROWS if len(boxes) == 2 else None)
+        assert "BOX_MAJOR" not in spec.param_dict
     assert offline["workspaces"] == [n_part * (d + 1) * 4], "one workspace: the partials and their LSEs"
 
 

@@ -197,6 +197,24 @@ def test_plan_copies_the_first_page_ids_after_its_tables(page_size):
         assert got[2 * len(lens):2 * len(lens) + len(lens) * width].tolist() == sum(ids, [])
 
 
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("d", [128, 256])
+def test_pages_of_16_in_box_major_tiles(layout, d):
+    """Pages of 16 rows come in one 5-D TMA copy a page for all of a tile's 64-column sub-tiles
+    (decode.box_major, decode.cu.j2's BOX_MAJOR): every row of every sub-tile lands where the
+    consumers read it, at both head dims of more than one sub-tile, in both layouts, with requests
+    ending mid-page and mid-tile, one of them empty."""
+    from pykda.ops import decode as dec_op
+    lens = [1000, 0, 17, 64, 2500, 129]
+    q, k, v, tables = make(lens, 16, 32, 4, d, "bfloat16", layout, seed=d + 3)
+    problem = dec_op.DecodeProblem(kv_len=max(lens), q_heads=32, kv_heads=4, head_dim=d, dtype="bfloat16",
+                                   batch=len(lens))
+    plan, spec = dec_op.plan_for(problem, q.device.index, None, None, 16, uneven=True, balanced=None)
+    assert spec.param_dict.get("BOX_MAJOR") and not plan.tiny, "the box-major tiles are what this test reads"
+    o, lse = decode(q, k, v, tables, 16, layout, 4)
+    check(o, lse, expected(q, k, v, tables, layout), lens, "bfloat16")
+
+
 # 192 rows = 3 tiles (not a power of two): with 128-row pages every other chunk starts mid-page
 @pytest.mark.parametrize("page_size, chunk_size", [(1, 64), (16, 64), (64, 64), (1, 192), (16, 192), (128, 192)])
 def test_split_requests_merge_with_scale(page_size, chunk_size):

@@ -179,6 +179,15 @@ def is_gathered(page_size: int) -> bool:
     return 0 < page_size < TMA_MIN_PAGE
 
 
+def box_major(plan: "DecodePlan", page_size: int, head_dim: int) -> bool:
+    """Whether the plan's kernel reads pages of `page_size` rows in box-major tiles (decode.cu.j2's
+    BOX_MAJOR): pages in TMA boxes of fewer rows than a tile and no tail boxes (pages of
+    PAGED_TAIL_ROWS at most), where one 5-D copy brings a page's rows of every 64-column sub-tile
+    instead of one copy a sub-tile (head dims of more than one sub-tile)."""
+    return (not plan.gathers(page_size) and 0 < page_size < plan.block_n and page_size <= PAGED_TAIL_ROWS
+            and head_dim > 64)
+
+
 def page_shift(page_size: int) -> int:
     """log2 of a page size (a power of two: decode_tiny and page_snapshot find a row's page by
     shifts); 0 for a padded cache."""
@@ -482,6 +491,7 @@ def decode_spec(p: DecodeProblem, plan: DecodePlan, arch: str, page_size: int = 
         "GATHER": plan.gathers(page_size), "SELF_GATHER": plan.self_gather, "CLUSTER": plan.cluster,
         **({"PADDED_BOX_ROWS": plan.box_rows} if plan.box_rows and not page_size and not plan.self_gather else {}),
         **({"TAIL_ROWS": PAGED_TAIL_ROWS} if page_size > PAGED_TAIL_ROWS and not plan.gathers(page_size) else {}),
+        **({"BOX_MAJOR": True} if box_major(plan, page_size, p.head_dim) else {}),
         **({"BALANCED": BALANCED_MAX_BATCH, "UNIT_COST": BALANCED_UNIT_COST} if plan.balanced else {"BALANCED": 0}),
         "MERGE_THREADS": MERGE_THREADS,
         "MERGE_COLUMNS": MERGE_COLUMNS}, arch,
@@ -616,25 +626,31 @@ def plan_for(p: DecodeProblem, device: int, chunk_size: int | None, stages: int 
     return plan, decode_spec(p, plan, dev.arch, page_size)
 
 
-def kv_tensor_maps(a: DeviceArray, name: str, batched: bool, kv_layout: str, box_rows: int) -> runtime.TiledMaps:
+def kv_tensor_maps(a: DeviceArray, name: str, batched: bool, kv_layout: str, box_rows: int,
+                   box_major: bool = False) -> runtime.TiledMaps:
     """4-D maps (head_dim, kv_heads, kv_len, batch) with 64-column, box_rows-row, 128-byte-swizzled
-    boxes, for arrays laid out as `a`.
+    boxes, for arrays laid out as `a`; `box_major`: 5-D maps (64, kv_len, head_dim / 64, kv_heads,
+    batch) whose box holds box_rows rows of every 64-column sub-tile (decode.cu.j2's BOX_MAJOR).
 
     The strides come from the array in whatever order its layout has them; a dimension of size 1
     is never stepped along, so it gets a stride TMA accepts."""
     (b, s, h, d), (sb, ss, sh, _) = kv_view(a, batched, kv_layout)
     item = 2
-    strides = tuple((st if n > 1 else d) * item for st, n in ((sh, h), (ss, s), (sb, b)))
     # No L2 promotion: a 256-byte fetch per 128-byte box row cost 7 % of the stream (ncu: 89 % of
     # DRAM peak with it, L2 hit rate 26 %; 96 % without, as cuDNN's kernel reads).
+    if box_major:
+        strides = tuple((st if n > 1 else d) * item for st, n in ((ss, s), (64, d // 64), (sh, h), (sb, b)))
+        return runtime.TiledMaps(name, a.dtype, (64, s, d // 64, h, b), strides, (64, box_rows, d // 64, 1, 1),
+                                 swizzle=128)
+    strides = tuple((st if n > 1 else d) * item for st, n in ((sh, h), (ss, s), (sb, b)))
     return runtime.TiledMaps(name, a.dtype, (d, h, s, b), strides, (64, 1, box_rows, 1), swizzle=128)
 
 
 def kv_map_pair(k: DeviceArray, v: DeviceArray, names: tuple[str, str], batched: bool, kv_layout: str,
-                box_rows: int) -> tuple[runtime.TiledMaps, runtime.TiledMaps]:
+                box_rows: int, box_major: bool = False) -> tuple[runtime.TiledMaps, runtime.TiledMaps]:
     """The maps of K and V in boxes of box_rows rows (`kv_tensor_maps`), their geometries checked
     before any launch (TensorMapError names the argument)."""
-    maps = tuple(kv_tensor_maps(a, name, batched, kv_layout, box_rows) for a, name in zip((k, v), names))
+    maps = tuple(kv_tensor_maps(a, name, batched, kv_layout, box_rows, box_major) for a, name in zip((k, v), names))
     maps[0](k.ptr), maps[1](v.ptr)
     return maps
 

@@ -181,10 +181,10 @@ def prepare_paged(q, k, v, out, layout: PagedLayout) -> decode.DecodeCall:
     tail_maps = None
     if plan.gathers(layout.page_size):
         k_maps = v_maps = decode.no_map
-    else:   # (head_dim, kv_heads, page_size, num_pages) boxes of a page's rows (at most a tile)
+    else:   # (head_dim, kv_heads, page_size, num_pages) boxes of a page's rows (at most a tile; box-major: 5-D)
         maps = functools.partial(decode.kv_map_pair, k, v, ("k_cache", "v_cache"), True, layout.kv_layout)
         box_rows = min(plan.block_n, layout.page_size)
-        k_maps, v_maps = maps(box_rows)
+        k_maps, v_maps = maps(box_rows, spec.param_dict.get("BOX_MAJOR", False))   # as the kernel reads them
         if box_rows > decode.PAGED_TAIL_ROWS:   # a segment's last, partial tile, in boxes of fewer rows
             tail_maps = maps(decode.PAGED_TAIL_ROWS)
     return decode.decode_call(p, plan, spec, q, out, True, k_maps, v_maps, layout.scale, MAX_ROWS,

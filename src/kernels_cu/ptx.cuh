@@ -64,6 +64,14 @@ PYKDA_DEVICE void tma_load_4d(void* dst, const TensorMap* map, uint64_t* bar, in
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
+PYKDA_DEVICE void tma_load_5d(void* dst, const TensorMap* map, uint64_t* bar, int c0, int c1, int c2, int c3,
+                             int c4) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6, %7}], [%2];" ::"r"(
+          smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+      : "memory");
+}
 
 // ---- cp.async: per-thread asynchronous global -> shared copies, completing on an mbarrier ----
 PYKDA_DEVICE void cp_async_16(void* dst, const void* src) {   // both 16-byte aligned
