@@ -305,9 +305,19 @@ def merge_warps(rows: int, head_dim: int, n_chunks: int, sm_count: int) -> int:
 
 
 def merge_rows(p: DecodeProblem, balanced: int) -> int:
-    """decode_merge's rows: one per (CTA, head of a group) of a balanced split of `balanced` CTAs,
-    else one per (sequence, query head)."""
-    return balanced * p.group if balanced else p.batch * p.q_heads
+    """decode_merge's rows: one per (sequence, query head); with a balanced split of `balanced`
+    CTAs, one per (unit, head of a group) where the (sequence, KV head) units are no more than the
+    CTAs (`unit_rows`), else one per (CTA, head of a group), which merges the unit the CTA splits."""
+    if not balanced:
+        return p.batch * p.q_heads
+    return (p.batch * p.kv_heads if unit_rows(p, balanced) else balanced) * p.group
+
+
+def unit_rows(p: DecodeProblem, balanced: int) -> bool:
+    """Whether a balanced split's merge takes a row per unit (see merge_rows): each row then reads
+    its unit's pieces straight away, and no row is launched for a CTA that splits nothing (2 x 64/4
+    KV 500000: 128 rows, not 2112)."""
+    return p.batch * p.kv_heads <= balanced
 
 
 CLUSTERS = (2, 4, 8)   # portable thread block cluster sizes: a split of at most 8 chunks merges in one
@@ -591,9 +601,9 @@ KERNEL_SIGNATURE = (int, np.int64, np.int64, 128, 128, 128, 128, int, np.int32, 
                     np.int64, np.int64, np.int32, np.int32, np.int32, np.int32)
 # decode_merge's: the workspace (partial o, partial lse), kv_lens, kv_len, query heads, the
 # partial grid's x (chunks, or the balanced split's CTAs), the chunk, out and its strides, lse,
-# warps per row, rows (B · query heads; balanced: CTAs · group), KV heads, batch
+# warps per row, rows (merge_rows), KV heads, batch, whether a balanced split's rows are its units' (unit_rows)
 MERGE_SIGNATURE = (int, int, int, np.int32, np.int32, np.int32, np.int32, int, np.int64, np.int64, int, np.int32,
-                   np.int64, np.int32, np.int32)
+                   np.int64, np.int32, np.int32, np.int32)
 # decode_tiny's: q and its strides, k, v and their (batch or page, row, head) strides, kv_lens, kv_len,
 # group, scale, out and its strides, lse, and a paged cache's first page entries, page ids (both null:
 # padded), page count, log2 of the page size and the page ids per request copied after the first entries
@@ -748,7 +758,8 @@ def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q:
         rows_per_cta = MERGE_WARPS // plan.merge_warps
         merge_args = (at["ws_o"], at["ws_lse"], at["kv_lens"], i32(max_rows), i32(p.q_heads), i32(plan.grid_chunks),
                       i32(plan.chunk), at["out"], *row_strides(out_strides, batched), at["lse"],
-                      i32(plan.merge_warps), np.int64(n_rows), i32(p.kv_heads), i32(p.batch))
+                      i32(plan.merge_warps), np.int64(n_rows), i32(p.kv_heads), i32(p.batch),
+                      i32(bool(plan.balanced) and unit_rows(p, plan.balanced)))
         launches += (bound_launch(spec, q.device, values, "decode_merge", MERGE_SIGNATURE, merge_args,
                                   (-(-n_rows // rows_per_cta), p.head_dim // MERGE_COLUMNS, 1), MERGE_THREADS, 0),)
     return DecodeCall(p, plan, values, launches, k_maps, v_maps, *(tail_maps or (k_maps, v_maps)), rows,

@@ -1,8 +1,9 @@
 """decode_merge reading each chunk's lse and o together and merging online (one round trip to the
 partials) against the tree before (a pass for the max, then a second for the weighted sum):
-`python ab.py OUT` times, with the pykda on PYTHONPATH, every row of `bench decode --grid` whose
+`python ab.py OUT [--balanced]` times, with the pykda on PYTHONPATH, every row of `bench decode --grid` whose
 plan launches decode_merge (HND; single rows by single_decode, batches by the padded batch with
-kv_lens where uneven), cold L2, median of 50, and keeps the outputs (OUT.json, OUT.pt).
+kv_lens where uneven; `--balanced`: the balanced splits only), cold L2, median of 50, and keeps
+the outputs (OUT.json, OUT.pt).
 `python ab.py --table A B [A2 B2 ...]` prints the runs side by side and the largest distance
 between the first two runs' outputs."""
 import json
@@ -11,7 +12,7 @@ import sys
 import numpy as np
 
 
-def measure(path: str) -> None:
+def measure(path: str, only_balanced: bool = False) -> None:
     import torch
 
     import pykda
@@ -25,7 +26,7 @@ def measure(path: str) -> None:
     for B, hq, hkv, D, S, uneven in GRID:
         p = decode.DecodeProblem(S, hq, hkv, D, "bfloat16", B)
         plan = decode.plan_decode(p, sms, smem, uneven=uneven, balanced=None if uneven else False)
-        if not plan.merge_launch:
+        if not plan.merge_launch or (only_balanced and not plan.balanced):
             continue
         q, k, v, lens = grid_inputs(B, hq, hkv, D, S, uneven)
         if B == 1:
@@ -62,4 +63,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "--table":
         table(sys.argv[2:])
     else:
-        measure(sys.argv[1])
+        measure(sys.argv[1], only_balanced=sys.argv[2:] == ["--balanced"])
