@@ -99,13 +99,9 @@ class ReadKernels:
         return lambda: self.bulk((ctas,), (32,), (ptr, n, share, chunk, stages, self.out), shared_mem=chunk * stages)
 
 
-def read_kernels() -> ReadKernels:
-    return ReadKernels()
-
-
 def main() -> None:
     timer = Timer("read")
-    kern = read_kernels()
+    kern = ReadKernels()
     sms = kern.sms
     print(f"{torch.cuda.get_device_name(0)}, {sms} SMs", flush=True)
     rows = []

@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from read_floor import read_kernels
+from read_floor import ReadKernels
 
 what = sys.argv[1]
 if what == "decode":
@@ -19,7 +19,7 @@ if what == "decode":
 else:
     n = 2 * 32 * 8192 * 128 * 2
     buf = torch.zeros(n, dtype=torch.uint8, device="cuda")
-    run = read_kernels().runner(what, [int(a) for a in sys.argv[2:]], buf)
+    run = ReadKernels().runner(what, [int(a) for a in sys.argv[2:]], buf)
 for _ in range(4):
     run()
 torch.cuda.synchronize()
