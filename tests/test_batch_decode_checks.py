@@ -186,10 +186,10 @@ def test_split_batch_is_a_partial_launch_then_a_merge(offline, layout):
     assert plan.merge_warps == 4
     assert grid == (B * hq // 2, d // 32, 1) and block == (256, 1, 1) and smem == 0
     assert [_KINDS[type(a)] for a in merge_args] == kernel_parameters("decode_merge", params)
-    ws_o, ws_lse, kv_lens, kv_len, q_heads, n_chunks, chunk, o_p, *_, lse_p, row_warps, n_rows, kv_heads, batch, by_unit = \
+    ws_o, ws_lse, kv_lens, kv_len, q_heads, n_chunks, chunk, o_p, *_, lse_p, row_warps, n_rows, kv_heads, batch = \
         merge_args
     assert (ws_o, ws_lse, kv_lens) == tuple(args[13:15]) + (lens.ptr,) and (kv_len, q_heads, n_chunks, chunk) == (S, hq, 16, 64)
-    assert (o_p, lse_p) == (args[15], args[18]) and lse_p != 0 and (row_warps, n_rows, kv_heads, batch, by_unit) == (4, B * hq, hkv, B, 0)
+    assert (o_p, lse_p) == (args[15], args[18]) and lse_p != 0 and (row_warps, n_rows, kv_heads, batch) == (4, B * hq, hkv, B)
     assert tuple(args[-3:]) == (hkv, B, 0), "the kernel's last arguments: KV heads, batch, no page ids after the tables"
     assert len(offline["workspaces"]) == 1, "one workspace: the partials and their LSEs"
     # both maps walk (head_dim, kv_heads, kv_len, batch), whatever the layout in memory
@@ -317,7 +317,7 @@ def test_single_decode_is_a_batch_of_one(offline, layout):
     # one sequence of 16 heads and 20 chunks: a CTA (8 warps) per head and 32 columns
     assert plan.n_chunks == 20 and plan.merge_warps == 8 and merge == "decode_merge" and merge_grid == (hq, d // 32, 1)
     assert [_KINDS[type(a)] for a in merge_args] == kernel_parameters("decode_merge", params)
-    assert merge_args == (*args[13:15], 0, S, hq, plan.n_chunks, plan.chunk, args[15], 0, d, 0, 8, hq, hkv, 1, 0), \
+    assert merge_args == (*args[13:15], 0, S, hq, plan.n_chunks, plan.chunk, args[15], 0, d, 0, 8, hq, hkv, 1), \
         "no kv_lens (every row S), out without a batch stride, no LSE asked for"
     # size-1 dims (one KV head, one sequence) get a stride TMA accepts
     row = d * 2 if layout == "HND" else hkv * d * 2
@@ -463,7 +463,7 @@ def test_balanced_split_is_one_round_of_ctas_then_a_merge(offline):
     rows = (132 + B * hkv) * (hq // hkv)
     ((_, _, nbytes),) = offline["workspaces"]
     assert args[14] - args[13] == rows * d * 4 and nbytes == rows * (d * 4 + 4) + 8 * B * hkv + 4 * 132
-    assert merge_args[5] == 132 and tuple(merge_args[-4:]) == (B * hkv * (hq // hkv), hkv, B, 1)
+    assert merge_args[5] == 132 and tuple(merge_args[-3:]) == (B * hq, hkv, B), "B · q_heads rows: by unit"
     rows_per_cta = decode.MERGE_WARPS // plan.merge_warps
     assert merge_grid == (-(-B * hq // rows_per_cta), d // 32, 1)
     B = 300   # 600 units, more than the CTAs: a row per (CTA, head of a group)
@@ -471,7 +471,7 @@ def test_balanced_split_is_one_round_of_ctas_then_a_merge(offline):
     decode.flash_decode(q, k, v, batched=True, kv_lens=arr((B,), "int32", ptr=BASE * 3), balanced=True)
     merge_args = offline["launches"][-1][4]
     ctas = merge_args[5]   # (the planner's stages for 600 units: two CTAs an SM)
-    assert ctas < B * hkv and tuple(merge_args[-4:]) == (ctas * (hq // hkv), hkv, B, 0)
+    assert ctas < B * hkv and tuple(merge_args[-3:]) == (ctas * (hq // hkv), hkv, B), "fewer rows: by CTA"
 
 
 def test_balanced_split_refusals(offline):

@@ -383,7 +383,7 @@ def test_stubbed_single_decode_reads_the_call_values():
         assert params[13:16] == ws + [o.data_ptr()]
         assert params[16:] == [0, D, lse.data_ptr(), 0, 0, k.data_ptr(), v.data_ptr(), 0, 0, 0, 0, chunk, hkv, 1, 0]
         assert call.plan.merge_warps == 8 and merge_geometry == _merge_geometry(1, hq, 8)   # 32 chunks: a CTA a row
-        assert merge == ws + [0, S, hq, n_chunks, chunk, o.data_ptr(), 0, D, lse.data_ptr(), 8, hq, hkv, 1, 0]
+        assert merge == ws + [0, S, hq, n_chunks, chunk, o.data_ptr(), 0, D, lse.data_ptr(), 8, hq, hkv, 1]
 
 
 def test_stubbed_padded_batch_decode_reads_the_call_values():
@@ -462,7 +462,7 @@ def test_stubbed_paged_run_reads_the_call_values(page_size):
                                dec._layout.snap_width]                         # batch; page ids copied a request
         assert call.plan.merge_warps == 4 and merge_geometry == _merge_geometry(len(lens), hq, 4)   # 10 chunks
         assert merge == ws + [tables, paged_decode.MAX_ROWS, hq, 10, 64, o.data_ptr(), hq * D, D, lse.data_ptr(), 4,
-                              len(lens) * hq, hkv, len(lens), 0]   # chunks: rows not by unit
+                              len(lens) * hq, hkv, len(lens)]
     assert gpu.scratch == []   # one block per split call, each checked
 
 

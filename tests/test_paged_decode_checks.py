@@ -272,7 +272,7 @@ def test_max_kv_len_fixes_the_split_as_requests_grow(offline):
     assert merges == {((-(-n_rows // rows_per_cta), d // 32, 1), (TABLES, paged_decode.MAX_ROWS, hq, plan.balanced,
                                                                  plan.chunk), spec)}, \
         "merged over the same shares"
-    assert {launch[4][-4:] for launch in launches[1::2]} == {(n_rows, hkv, 3, 1)}, "rows, KV heads, batch, by unit"
+    assert {launch[4][-3:] for launch in launches[1::2]} == {(n_rows, hkv, 3)}, "rows (B · q_heads: by unit), KV heads, batch"
     assert planned([100, 0, 33], hq, hkv, d)._layout.max_rows == 100, "without it: the longest request"
     for bad in (99, 1 << 31, 100.0, True):
         with pytest.raises(ValueError, match=r"max_kv_len must be an int from the longest request's rows \(100\)"):
@@ -313,9 +313,9 @@ def test_run_is_a_partial_launch_then_a_merge_with_the_page_table(offline, page_
     # 16 chunks: four warps per (query row, 32 columns), two rows a CTA
     assert (merge_grid, merge_block, merge_smem) == ((B * hq // 2, d // 32, 1), (256, 1, 1), 0)
     assert [_KINDS[type(a)] for a in merge_args] == kernel_parameters("decode_merge", spec.param_dict)
-    assert merge_args == (*args[13:15], TABLES, paged_decode.MAX_ROWS, hq, 16, 64, *args[15:19], 4, B * hq, hkv, B, 0) and \
+    assert merge_args == (*args[13:15], TABLES, paged_decode.MAX_ROWS, hq, 16, 64, *args[15:19], 4, B * hq, hkv, B) and \
         args[18] != 0, "the workspace, the rows per request, heads, chunks and chunk; out, its strides and the LSE; " \
-                       "warps per row, rows, KV heads, batch, rows not by unit"
+                       "warps per row, rows, KV heads, batch"
     if page_size < 16:   # gathered: no tensor maps
         assert offline["maps"] == [] and args[3] == args[4] == args[5] == args[6] == bytes(128)
     elif page_size <= decode.PAGED_TAIL_ROWS:   # box-major tiles: (64, page_size, head_dim / 64, kv_heads,

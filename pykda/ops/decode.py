@@ -601,9 +601,9 @@ KERNEL_SIGNATURE = (int, np.int64, np.int64, 128, 128, 128, 128, int, np.int32, 
                     np.int64, np.int64, np.int32, np.int32, np.int32, np.int32)
 # decode_merge's: the workspace (partial o, partial lse), kv_lens, kv_len, query heads, the
 # partial grid's x (chunks, or the balanced split's CTAs), the chunk, out and its strides, lse,
-# warps per row, rows (merge_rows), KV heads, batch, whether a balanced split's rows are its units' (unit_rows)
+# warps per row, rows (merge_rows: a balanced split's rows are its units' where they are B · q_heads), KV heads, batch
 MERGE_SIGNATURE = (int, int, int, np.int32, np.int32, np.int32, np.int32, int, np.int64, np.int64, int, np.int32,
-                   np.int64, np.int32, np.int32, np.int32)
+                   np.int64, np.int32, np.int32)
 # decode_tiny's: q and its strides, k, v and their (batch or page, row, head) strides, kv_lens, kv_len,
 # group, scale, out and its strides, lse, and a paged cache's first page entries, page ids (both null:
 # padded), page count, log2 of the page size and the page ids per request copied after the first entries
@@ -758,8 +758,7 @@ def decode_call(p: DecodeProblem, plan: DecodePlan, spec: runtime.KernelSpec, q:
         rows_per_cta = MERGE_WARPS // plan.merge_warps
         merge_args = (at["ws_o"], at["ws_lse"], at["kv_lens"], i32(max_rows), i32(p.q_heads), i32(plan.grid_chunks),
                       i32(plan.chunk), at["out"], *row_strides(out_strides, batched), at["lse"],
-                      i32(plan.merge_warps), np.int64(n_rows), i32(p.kv_heads), i32(p.batch),
-                      i32(bool(plan.balanced) and unit_rows(p, plan.balanced)))
+                      i32(plan.merge_warps), np.int64(n_rows), i32(p.kv_heads), i32(p.batch))
         launches += (bound_launch(spec, q.device, values, "decode_merge", MERGE_SIGNATURE, merge_args,
                                   (-(-n_rows // rows_per_cta), p.head_dim // MERGE_COLUMNS, 1), MERGE_THREADS, 0),)
     return DecodeCall(p, plan, values, launches, k_maps, v_maps, *(tail_maps or (k_maps, v_maps)), rows,

@@ -1,9 +1,9 @@
 """decode_merge reading each chunk's lse and o together and merging online (one round trip to the
 partials) against the tree before (a pass for the max, then a second for the weighted sum):
-`python ab.py OUT [--balanced]` times, with the pykda on PYTHONPATH, every row of `bench decode --grid` whose
-plan launches decode_merge (HND; single rows by single_decode, batches by the padded batch with
-kv_lens where uneven; `--balanced`: the balanced splits only), cold L2, median of 50, and keeps
-the outputs (OUT.json, OUT.pt).
+`python ab.py OUT [--balanced | --cluster]` times, with the pykda on PYTHONPATH, every row of `bench decode
+--grid` whose plan launches decode_merge (HND; single rows by single_decode, batches by the padded batch
+with kv_lens where uneven; `--balanced`: the balanced splits only; `--cluster`: instead the splits merged
+in thread block clusters), cold L2, median of 50, and keeps the outputs (OUT.json, OUT.pt).
 `python ab.py --table A B [A2 B2 ...]` prints the runs side by side and the largest distance
 between the first two runs' outputs."""
 import json
@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 
-def measure(path: str, only_balanced: bool = False) -> None:
+def measure(path: str, only: str = "") -> None:
     import torch
 
     import pykda
@@ -26,7 +26,7 @@ def measure(path: str, only_balanced: bool = False) -> None:
     for B, hq, hkv, D, S, uneven in GRID:
         p = decode.DecodeProblem(S, hq, hkv, D, "bfloat16", B)
         plan = decode.plan_decode(p, sms, smem, uneven=uneven, balanced=None if uneven else False)
-        if not plan.merge_launch or (only_balanced and not plan.balanced):
+        if not {"": plan.merge_launch, "--balanced": plan.balanced, "--cluster": plan.cluster}[only]:
             continue
         q, k, v, lens = grid_inputs(B, hq, hkv, D, S, uneven)
         if B == 1:
@@ -37,7 +37,8 @@ def measure(path: str, only_balanced: bool = False) -> None:
         tag = f"{B}x{hq}/{hkv} D{D} S{S}{'~' if uneven else ''}"
         outs[tag] = run().float().cpu()
         rows[tag] = timer.median_us(run)
-        print(f"{tag:>26} {rows[tag]:9.2f} us  ({plan.n_chunks} chunks{', balanced' if plan.balanced else ''})", flush=True)
+        how = ", balanced" if plan.balanced else f", clusters of {plan.cluster}" if plan.cluster else ""
+        print(f"{tag:>26} {rows[tag]:9.2f} us  ({plan.n_chunks} chunks{how})", flush=True)
         del q, k, v
         torch.cuda.empty_cache()
         json.dump(rows, open(path + ".json", "w"), indent=1)   # after every row: a run cut short keeps its rows
@@ -63,4 +64,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "--table":
         table(sys.argv[2:])
     else:
-        measure(sys.argv[1], only_balanced=sys.argv[2:] == ["--balanced"])
+        measure(sys.argv[1], *sys.argv[2:3])
