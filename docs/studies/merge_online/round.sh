@@ -3,13 +3,8 @@
 # pykda, templates, src and their decode kernels in .kc_main)): this tree's decode GPU tests, main / this tree
 # over ab.py (a second alternation while under $1 seconds, default 200), the table, then the sanitize list's
 # merge entries under memcheck and racecheck for at most $2 seconds (default 170).
-set -o pipefail
-export PYTHONUNBUFFERED=1
-[ -d .kc_mg ] || tar xJf .kc_mg.tar.xz || exit 1
-[ -d .ab_main ] || tar xJf .ab_main.tar.xz || exit 1
-nvidia-smi --query-gpu=name --format=csv,noheader
-PYKDA_CACHE_DIR=$PWD/.kc_mg PYTHONPATH=. timeout 150 python -m pytest -q -x -p no:cacheprovider -m gpu \
-  tests/test_decode_gpu.py tests/test_batch_decode_gpu.py tests/test_paged_decode_gpu.py 2>&1 | tail -2 | tee $OUT/tests.txt
+source docs/studies/merge_online/prelude.sh .kc_mg .ab_main \
+  tests/test_decode_gpu.py tests/test_batch_decode_gpu.py tests/test_paged_decode_gpu.py
 runs=()
 for i in 1 2; do
   [ $i -gt 1 ] && [ $SECONDS -gt ${1:-200} ] && break

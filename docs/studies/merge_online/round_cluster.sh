@@ -5,13 +5,8 @@
 # decode GPU tests; main / this tree over ab.py's decode_merge rows (one alternation) and its cluster
 # rows (two); the table; memcheck and racecheck over the sanitize list's merge, balanced and cluster
 # entries for at most $1 seconds (default 200).
-set -o pipefail
-export PYTHONUNBUFFERED=1
-[ -d .kc_60 ] || tar xJf .kc_60.tar.xz || exit 1
-[ -d .ab_818 ] || tar xJf .ab_818.tar.xz || exit 1
-nvidia-smi --query-gpu=name --format=csv,noheader
-PYKDA_CACHE_DIR=$PWD/.kc_60 PYTHONPATH=. timeout 150 python -m pytest -q -x -p no:cacheprovider -m gpu \
-  tests/test_decode_gpu.py tests/test_batch_decode_gpu.py tests/test_paged_decode_gpu.py 2>&1 | tail -2 | tee $OUT/tests.txt
+source docs/studies/merge_online/prelude.sh .kc_60 .ab_818 \
+  tests/test_decode_gpu.py tests/test_batch_decode_gpu.py tests/test_paged_decode_gpu.py
 ab() {   # ab NAME [--cluster]: main, then this tree
   (cd .ab_818 && PYKDA_CACHE_DIR=$PWD/.kc_main PYTHONPATH=. python ../docs/studies/merge_online/ab.py $OUT/main_$1 $2) \
     > $OUT/main_$1.log 2>&1

@@ -4,13 +4,7 @@
 # padded-batch and paged GPU tests, the tree before / this tree alternated twice over ab.py --balanced and
 # paged_placement/fi_row.py (2 x 64/4 KV 500000, padded and pages of 64), then the sanitize list's balanced
 # entries under memcheck and racecheck. $1: alternations (default 2); $2: the sanitizer tools (default both).
-set -o pipefail
-export PYTHONUNBUFFERED=1
-[ -d .kc_mu ] || tar xJf .kc_mu.tar.xz || exit 1
-[ -d .ab_prev ] || tar xJf .ab_prev.tar.xz || exit 1
-nvidia-smi --query-gpu=name --format=csv,noheader
-PYKDA_CACHE_DIR=$PWD/.kc_mu PYTHONPATH=. timeout 150 python -m pytest -q -x -p no:cacheprovider -m gpu \
-  tests/test_batch_decode_gpu.py tests/test_paged_decode_gpu.py 2>&1 | tail -2 | tee $OUT/tests.txt
+source docs/studies/merge_online/prelude.sh .kc_mu .ab_prev tests/test_batch_decode_gpu.py tests/test_paged_decode_gpu.py
 runs=()
 for i in $(seq 1 ${1:-2}); do
   (cd .ab_prev && PYKDA_CACHE_DIR=$PWD/.kc_prev PYTHONPATH=. python ../docs/studies/merge_online/ab.py $OUT/prev_$i --balanced \
