@@ -1,0 +1,43 @@
+"""kda_prepare's device time and the whole call's span (torch.profiler, µs, medians of REPS calls)
+at issue 12's rows, Kimi Linear's softplus gate and the safe (bounded) gate, for the tree on
+PYTHONPATH; also the call's output, saved to compare trees (`--save DIR`). Run from a tree's root."""
+import sys
+
+import torch
+
+import pykda
+from pykda.bench.kda import FLAGS, _inputs
+
+ROWS = [(96, [8192]), (64, [8192]), (8, [131072]), (1, [1048576]), (8, [131072] + [1024] * 63)]
+REPS = 7
+
+
+def profile(call):
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(REPS):
+            call()
+            torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    n = len(kernels) // REPS
+    calls = [kernels[i * n:(i + 1) * n] for i in range(REPS)]
+    span = sorted(c[-1].time_range.end - c[0].time_range.start for c in calls)[REPS // 2]
+    prep = sorted(e.time_range.end - e.time_range.start for c in calls for e in c if "prepare" in e.name)
+    return prep[len(prep) // 2], span
+
+
+save = sys.argv[sys.argv.index("--save") + 1] if "--save" in sys.argv else None
+for gate in ("softplus", "safe"):
+    for H, lengths in ROWS:
+        x, params, cu, _ = _inputs(H, lengths, False)
+        seq = [x[n] for n in ("q", "k", "v", "g", "beta")]
+        kw = dict(cu_seqlens=cu, cu_seqlens_cpu=cu.cpu()) if cu is not None else {}
+        call = lambda: pykda.chunk_kda(*seq, **params, **FLAGS[gate], state_v_first=True, **kw)  # noqa: E731
+        prep, span = profile(call)
+        name = f"{gate} H={H} T={sum(lengths)} N={len(lengths)}"
+        if save:
+            torch.save(call()[0].cpu(), f"{save}/{name.replace(' ', '_')}.pt")
+        print(f"{name}: prepare {prep:.1f} us, span {span:.1f} us", flush=True)
