@@ -1,6 +1,7 @@
 """kda_prepare's device time and the whole call's span (torch.profiler, µs, medians of REPS calls)
 at issue 12's rows, Kimi Linear's softplus gate and the safe (bounded) gate, for the tree on
 PYTHONPATH; also the call's output, saved to compare trees (`--save DIR`). Run from a tree's root."""
+import pathlib
 import sys
 
 import torch
@@ -8,22 +9,16 @@ import torch
 import pykda
 from pykda.bench.kda import FLAGS, _inputs
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "kda_scan"))
+from kernels import profile_calls  # noqa: E402
+
 ROWS = [(96, [8192]), (64, [8192]), (8, [131072]), (1, [1048576]), (8, [131072] + [1024] * 63)]
 REPS = 7
 
 
 def profile(call):
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(REPS):
-            call()
-            torch.cuda.synchronize()
-    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                     key=lambda e: e.time_range.start)
-    n = len(kernels) // REPS
-    calls = [kernels[i * n:(i + 1) * n] for i in range(REPS)]
+    """kda_prepare's median µs over REPS calls, and the calls' median span."""
+    calls = profile_calls(call, REPS)
     span = sorted(c[-1].time_range.end - c[0].time_range.start for c in calls)[REPS // 2]
     prep = sorted(e.time_range.end - e.time_range.start for c in calls for e in c if "prepare" in e.name)
     return prep[len(prep) // 2], span
