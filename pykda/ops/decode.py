@@ -307,17 +307,13 @@ def merge_warps(rows: int, head_dim: int, n_chunks: int, sm_count: int) -> int:
 def merge_rows(p: DecodeProblem, balanced: int) -> int:
     """decode_merge's rows: one per (sequence, query head); with a balanced split of `balanced`
     CTAs, one per (unit, head of a group) where the (sequence, KV head) units are no more than the
-    CTAs (`unit_rows`), else one per (CTA, head of a group), which merges the unit the CTA splits."""
+    CTAs (each row then reads its unit's pieces straight away, and no row is launched for a CTA that
+    splits nothing: 2 x 64/4 KV 500000 takes 128 rows, not 2112), else one per (CTA, head of a
+    group), which merges the unit the CTA splits. decode_merge tells the two apart by the count:
+    B · q_heads rows are by unit."""
     if not balanced:
         return p.batch * p.q_heads
-    return (p.batch * p.kv_heads if unit_rows(p, balanced) else balanced) * p.group
-
-
-def unit_rows(p: DecodeProblem, balanced: int) -> bool:
-    """Whether a balanced split's merge takes a row per unit (see merge_rows): each row then reads
-    its unit's pieces straight away, and no row is launched for a CTA that splits nothing (2 x 64/4
-    KV 500000: 128 rows, not 2112)."""
-    return p.batch * p.kv_heads <= balanced
+    return min(p.batch * p.kv_heads, balanced) * p.group
 
 
 CLUSTERS = (2, 4, 8)   # portable thread block cluster sizes: a split of at most 8 chunks merges in one
@@ -601,7 +597,7 @@ KERNEL_SIGNATURE = (int, np.int64, np.int64, 128, 128, 128, 128, int, np.int32, 
                     np.int64, np.int64, np.int32, np.int32, np.int32, np.int32)
 # decode_merge's: the workspace (partial o, partial lse), kv_lens, kv_len, query heads, the
 # partial grid's x (chunks, or the balanced split's CTAs), the chunk, out and its strides, lse,
-# warps per row, rows (merge_rows: a balanced split's rows are its units' where they are B · q_heads), KV heads, batch
+# warps per row, rows (merge_rows; balanced: B · q_heads of them are by unit, fewer by CTA), KV heads, batch
 MERGE_SIGNATURE = (int, int, int, np.int32, np.int32, np.int32, np.int32, int, np.int64, np.int64, int, np.int32,
                    np.int64, np.int32, np.int32)
 # decode_tiny's: q and its strides, k, v and their (batch or page, row, head) strides, kv_lens, kv_len,
