@@ -18,7 +18,7 @@ STACK_FRAMES = (
      8),   # in boxes: one value at 96 registers (102 and none in whole tiles)
     ("kda_decode", lambda p: (p["SPEC"] or p["VERIFY"]) and p["STATE"] == "float" and p["RPT"] == 8
      and p["MIN_CTAS"] == 3, 32),   # speculative steps of fp32 states, 128 registers for three CTAs an SM
-    ("kda_prepare", lambda p: p["BOUNDED"] and p["BETA"] == 2 and p["K"] == 128, 16),   # 80 registers for six CTAs
+    ("kda_prepare", lambda p: p["K"] == 128, 16),   # 80 registers for six CTAs an SM (168 at C = 32)
     ("kda_scan", lambda p: p["MODE"] == "group_walk" and p["K"] == 128, 8),
     ("kda_recurrence", lambda p: p["C"] == 32, 80),   # chunks of 32 (not the planner's default)
     ("kda_recurrence", lambda p: p["CKPT"], 8),

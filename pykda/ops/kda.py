@@ -69,9 +69,9 @@ def record_bytes(K: int, C: int) -> int:
     return 3 * C * K * 2 + 2 * C * C * 2 + K * 4
 
 
-def prepare_smem_bytes(K: int, C: int, bounded: bool) -> int:
+def prepare_smem_bytes(K: int, C: int) -> int:
     """All of kda_prepare's shared memory is dynamic (SMEM_BYTES in the template)."""
-    return (3 if bounded else 4) * C * (K + 8) * 4 + C * (C + 1) * 4 + (K + K // 8) * 4 + C * 4 + 2 * C * C * 2
+    return 3 * C * (K + 8) * 4 + C * (C + 1) * 4 + (K + K // 8) * 4 + C * 4 + 2 * C * C * 2
 
 
 def bounded_gate(p: "KdaProblem") -> bool:
@@ -284,7 +284,7 @@ def plan_kda(p: KdaProblem, sm_count: int, warps: int | None = None, stages: int
     # faster on mma.sync (docs/PERFLOG.md, sessions 20 and 21)
     wgmma = (bool(segments.chunks) or warps == 8) and warps % 4 == 0 and wgmma_shapes
     return KdaPlan(warps=warps, stages=stages, chunk_slots=chunk_bound(p),
-                   prep_smem=_above_static_margin(prepare_smem_bytes(K, C, bounded_gate(p))),
+                   prep_smem=_above_static_margin(prepare_smem_bytes(K, C)),
                    rec_smem=_above_static_margin(recurrence_smem_bytes(K, C, warps, stages)), segments=segments,
                    rank=rank, wgmma=wgmma)
 
