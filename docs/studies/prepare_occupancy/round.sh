@@ -1,41 +1,49 @@
 #!/bin/bash
-# This tree's kda_prepare (seven_ctas.patch's layout at six CTAs an SM, landed in session 62) against the
-# kernel before it (.po_main: 2f623aa): the KDA GPU tests, kda_prepare µs and the call's span at issue 12's
-# rows (prepare_frags/times.py, the two alternated three times), the outputs compared, memcheck and
-# racecheck of the KDA cases, a table of the ratios last. Carry .kc_po.tar.xz (both trees' kda kernels)
-# and .po.tar.xz (.po_main), built as README.md says.
+# A kda_prepare A/B on the device (repository root): this tree against a base tree, with the tree's KDA
+# GPU tests, kda_prepare µs and the call's span at issue 12's rows (prepare_frags/times.py, base and tree
+# alternated three times, each EXTRA tree once), the outputs compared with the base's, memcheck and
+# racecheck of the KDA cases, a table of the ratios to the base last. Environment (defaults: session 62's
+# run, this tree against 2f623aa's kernel):
+#   KC     the kernel cache every tree compiles into, carried as $KC.tar.xz     (.kc_po)
+#   TREES  a tarball of the other trees (git archive of pykda templates src)   (.po)
+#   BASE   the base tree's directory in it                                     (.po_main)
+#   EXTRA  more directories in it, timed once each                             (none)
 set -o pipefail
 export PYTHONUNBUFFERED=1
-tar xJf .kc_po.tar.xz && tar xJf .po.tar.xz || exit 1
-export PYKDA_CACHE_DIR=$PWD/.kc_po
+KC=${KC:-.kc_po} TREES=${TREES:-.po} BASE=${BASE:-.po_main} EXTRA=${EXTRA:-}
+tar xJf $KC.tar.xz && tar xJf $TREES.tar.xz || exit 1
+export PYKDA_CACHE_DIR=$PWD/$KC
 nvidia-smi --query-gpu=name --format=csv,noheader
 T=docs/studies/prepare_frags/times.py
 PYTHONPATH=. timeout 150 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_kda_gpu.py \
   tests/test_kda_segments_gpu.py 2>&1 | tail -1 | tee $OUT/tests.txt
-mkdir -p $OUT/o_main $OUT/o_tree
+mkdir -p $OUT/o_base $OUT/o_tree
 for round in 1 2 3; do
-  save_m=""; save_t=""; [ $round = 1 ] && save_m="--save $OUT/o_main" && save_t="--save $OUT/o_tree"
-  (cd .po_main && PYTHONPATH=. timeout 60 python $OLDPWD/$T $save_m) > $OUT/main_$round.txt 2>&1
+  save_b=""; save_t=""; [ $round = 1 ] && save_b="--save $OUT/o_base" && save_t="--save $OUT/o_tree"
+  (cd $BASE && PYTHONPATH=. timeout 60 python $OLDPWD/$T $save_b) > $OUT/base_$round.txt 2>&1
   PYTHONPATH=. timeout 60 python $T $save_t > $OUT/tree_$round.txt 2>&1
 done
+for e in $EXTRA; do (cd $e && PYTHONPATH=. timeout 60 python $OLDPWD/$T) > $OUT/extra${e}_1.txt 2>&1; done
 echo "times at ${SECONDS}s"
-PYTHONPATH=. python docs/studies/prepare_frags/compare.py $OUT/o_tree $OUT/o_main > $OUT/compare.txt 2>&1
-rm -rf $OUT/o_main $OUT/o_tree
+PYTHONPATH=. python docs/studies/prepare_frags/compare.py $OUT/o_tree $OUT/o_base > $OUT/compare.txt 2>&1
+rm -rf $OUT/o_base $OUT/o_tree
 PYTHONPATH=. timeout 200 python -m pykda sanitize --tool memcheck,racecheck --shards 4 --timeout 90 \
   --log-dir $OUT/san --pytest-args="-k 'kda and not decode'" 2>&1 | tail -3
 python - $OUT <<'PY'
 import re, sys, pathlib
 out = pathlib.Path(sys.argv[1]); rows = {}
 for f in sorted(out.glob("*_[123].txt")):
-    who = f.stem.split("_")[0]
+    who = f.stem.rsplit("_", 1)[0]
     for line in f.read_text().splitlines():
         m = re.match(r"(.+?): prepare ([\d.]+) us, span ([\d.]+) us", line)
         if m: rows.setdefault(m[1], {}).setdefault(who, []).append((float(m[2]), float(m[3])))
-print(f"{'row':32s} {'prep main':>18s} {'prep tree':>18s} {'ratio':>6s} {'span ratio':>10s}")
+mean = lambda xs: sum(xs) / len(xs)
+others = [w for w in next(iter(rows.values())) if w != "base"]
+print(f"{'row':30s} {'base prepare':>15s}  " + "  ".join(f"{w + ' prep/span':>20s}" for w in others))
 for r, d in rows.items():
-    pm = [p for p, _ in d["main"]]; pt = [p for p, _ in d["tree"]]
-    sm = [s for _, s in d["main"]]; st = [s for _, s in d["tree"]]
-    print(f"{r:32s} {min(pm):8.1f}-{max(pm):7.1f}  {min(pt):8.1f}-{max(pt):7.1f}  {sum(pt)/sum(pm):6.3f} {sum(st)/sum(sm):10.3f}")
+    b = d["base"]; pb, sb = mean([p for p, _ in b]), mean([s for _, s in b])
+    cells = [f"{mean([p for p, _ in d[w]]) / pb:9.3f} {mean([s for _, s in d[w]]) / sb:9.3f}" for w in others]
+    print(f"{r:30s} {min(p for p, _ in b):7.1f}-{max(p for p, _ in b):6.1f}  " + "  ".join(f"{c:>20s}" for c in cells))
 PY
 grep -c "0.00e+00" $OUT/compare.txt; grep -v "0.00e+00" $OUT/compare.txt | head -5
 echo "done at ${SECONDS}s"
