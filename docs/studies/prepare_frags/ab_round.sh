@@ -2,15 +2,15 @@
 # A kda_prepare A/B on the device (repository root): this tree against a base tree, with the tree's KDA
 # GPU tests, kda_prepare µs and the call's span at issue 12's rows (prepare_frags/times.py, base and tree
 # alternated three times, each EXTRA tree once), the outputs compared with the base's, memcheck and
-# racecheck of the KDA cases, a table of the ratios to the base last. Environment (defaults: session 62's
-# run, this tree against 2f623aa's kernel):
-#   KC     the kernel cache every tree compiles into, carried as $KC.tar.xz     (.kc_po)
-#   TREES  a tarball of the other trees (git archive of pykda templates src)   (.po)
-#   BASE   the base tree's directory in it                                     (.po_main)
-#   EXTRA  more directories in it, timed once each                             (none)
+# racecheck of the KDA cases, a table of the ratios to the base last. Each study's README says how to
+# build its two tarballs and which environment to give:
+#   KC     the kernel cache every tree compiles into, carried as $KC.tar.xz
+#   TREES  the other trees' directories, carried as $TREES.tar.xz
+#   BASE   the base tree's directory
+#   EXTRA  more directories, timed once each (optional)
 set -o pipefail
 export PYTHONUNBUFFERED=1
-KC=${KC:-.kc_po} TREES=${TREES:-.po} BASE=${BASE:-.po_main} EXTRA=${EXTRA:-}
+: "${KC:?KC: the kernel cache}" "${TREES:?TREES: the trees tarball}" "${BASE:?BASE: the base tree}"; EXTRA=${EXTRA:-}
 tar xJf $KC.tar.xz && tar xJf $TREES.tar.xz || exit 1
 export PYKDA_CACHE_DIR=$PWD/$KC
 nvidia-smi --query-gpu=name --format=csv,noheader
