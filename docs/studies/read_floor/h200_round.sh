@@ -5,8 +5,11 @@
 #   (git archive ca536e2 pykda templates src pyproject.toml into .ab_main/, its decode kernels into .ab_main/.kc_main,
 #    tar cJf .ab_main.tar.xz .ab_main)
 # The read floor, the merge A/B (one alternation), then both grids cut at --max-seconds; summaries last.
+# It is for an H200: on any other card it stops at once (ANY_GPU=1 runs it anyway).
 set -o pipefail
 export PYTHONUNBUFFERED=1
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+case "$gpu" in *H200*) ;; *) [ "${ANY_GPU:-0}" = 1 ] || { echo "h200_round: $gpu is not an H200; stopped"; exit 0; } ;; esac
 [ -d .kc_tree ] || tar xJf .kc_tree.tar.xz || exit 1
 [ -d .ab_main ] || tar xJf .ab_main.tar.xz || exit 1
 nvidia-smi --query-gpu=name --format=csv,noheader
