@@ -1,100 +1,67 @@
-"""The recurrence's dataflow in NumPy, with fp16 roundings where kda_recurrence rounds: main's loop
-against lookahead.patch's, each against the same chunk recurrence in float64 (one head, one sequence).
-It answers, before any GPU run, how much the lookahead's different roundings (γ⊙kd and Rᵀ = kd·krᵀ in
-fp16, instead of the updated state) move the output and the final state.
+"""lookahead.patch's roundings, emulated: kda_rounding's emulator (`kda_emu`: the records as kda_prepare
+rounds them, main's recurrence) beside the recurrence as the patch computes it, both against the float64
+chunk recurrence (one sequence, H heads, softplus gate). It answers, before any GPU run, how much
+rounding γ⊙kd and Rᵀ = kd·krᵀ to fp16 (instead of the updated state) moves the output and the state.
 
-    python docs/studies/chain_lookahead/emulate.py
+    PYTHONPATH=. python docs/studies/chain_lookahead/emulate.py
 """
+import os
+import sys
+
 import numpy as np
 
-f16 = lambda x: x.astype(np.float16).astype(np.float32)   # noqa: E731
-f32 = lambda x: x.astype(np.float32)                       # noqa: E731
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kda_rounding"))
+import kda_emu as E  # noqa: E402
+
+from pykda.reference import relative_error  # noqa: E402
+
+# main's roundings: kda_emu.DEFAULT with S·qdᵀ and S·kdᵀ in fp16 (kda_rounding/range_check.py's FIX)
+KERNEL = {**E.DEFAULT, "so": "fp16", "qd": "fp16", "sw": "fp16", "kd": "fp16"}
 
 
-def chunk_records(q, k, a, beta, C, scale):
-    """Per chunk: kd, qd, kr (fp16 as the record), Ab, Mqk (fp16), γ (fp32); exact float64 besides."""
-    recs = []
-    for c0 in range(0, len(q), C):
-        qc, kc, ac, bc = q[c0:c0 + C], k[c0:c0 + C], a[c0:c0 + C], beta[c0:c0 + C]
-        G = np.cumsum(ac, 0)                      # log2 decays, [C, K]
-        kd, qd = kc * 2.0 ** G, scale * qc * 2.0 ** G
-        kr = kc * 2.0 ** (G[-1] - G)
-        D = 2.0 ** (G[:, None, :] - G[None, :, :])                  # [i, j, d], i >= j used only
-        L = np.tril(bc[:, None] * np.einsum("id,jd,ijd->ij", kc, kc, D), -1)
-        M = np.tril(scale * np.einsum("id,jd,ijd->ij", qc, kc, D))
-        Ab = np.linalg.inv(np.eye(len(qc)) + L) * bc[None, :]
-        recs.append(dict(kd=kd, qd=qd, kr=kr, Ab=Ab, M=M, g=2.0 ** G[-1]))
-    return recs
+def recurrence_lookahead(rec, v, S0, cfg):
+    """kda_emu.recurrence as lookahead.patch walks it: chunk c's Oᵀ and chunk c + 1's
+    Wᵀ = S·(γ_c⊙kd_{c+1})ᵀ + Uᵀ·(kd_{c+1}·kr_cᵀ)ᵀ from one fp16 copy of S (before c's update),
+    γ⊙kd and kd·krᵀ rounded to fp16 as the producer warp stores them."""
+    T = lambda x: np.swapaxes(x, -1, -2)   # noqa: E731
+    Bc, n, C, R = v.shape
+    zero = lambda c: np.zeros((Bc, R, c))   # noqa: E731
+    S = E.f32(S0)
+    W = E.mma(zero(C), E.rnd(S, cfg["sw"]), T(rec["kd"][:, 0]), True)
+    o_all = np.zeros((Bc, n, C, R))
+    for c in range(n):
+        qd, kr, ab, mqk, gm = (rec[x][:, c] for x in ("qd", "kr", "ab", "mqk", "gamma"))
+        s16 = E.rnd(S, cfg["sw"])
+        U = E.rnd(E.mma(zero(C), E.rnd(T(v[:, c]) - W, cfg["x"]), T(ab), True), cfg["u"])
+        O = E.mma(E.mma(zero(C), s16, T(qd), True), U, T(mqk), True)
+        o_all[:, c] = T(E.rnd(O, cfg["out"]))
+        if c + 1 < n:
+            kd1 = rec["kd"][:, c + 1]
+            Rt = E.fp16(E.mma(np.zeros((Bc, C, C)), kd1, T(kr), True))
+            W = E.mma(E.mma(zero(C), s16, T(E.fp16(kd1 * gm[:, None, :])), True), U, T(Rt), True)
+        S = E.mma(E.f32(S * gm[:, None, :]), U, kr, True)
+    return o_all, S
 
 
-def exact(recs, v, S, C):
-    out = []
-    for c, r in enumerate(recs):
-        vc = v[c * C:(c + 1) * C]
-        U = r["Ab"] @ (vc - r["kd"] @ S.T)
-        out.append(r["qd"] @ S.T + r["M"] @ U)
-        S = S * r["g"][None, :] + U.T @ r["kr"]
-    return np.concatenate(out), S
-
-
-def main_loop(recs, v, S, C):
-    """main: W and O from fp16(S) each chunk; U, then S = S·γ + fp16(U)ᵀ·kr (fp32)."""
-    S = f32(S)
-    out = []
-    for c, r in enumerate(recs):
-        kd, qd, kr, Ab, M = (f16(r[x]) for x in ("kd", "qd", "kr", "Ab", "M"))
-        Sh = f16(S)
-        W, O = kd @ Sh.T, qd @ Sh.T
-        X = f16(f16(v[c * C:(c + 1) * C]) - W)
-        Uh = f16(Ab @ X)
-        out.append(O + M @ Uh)
-        S = f32(S * f32(r["g"])[None, :] + Uh.T @ kr)
-    return np.concatenate(out), S
-
-
-def lookahead_loop(recs, v, S, C):
-    """lookahead.patch: O_c and W_{c+1} from the same fp16(S_c); W_{c+1} = fp16(S_c)·fp16(γ_c⊙kd_{c+1})ᵀ
-    + fp16(U_c)·fp16(kd_{c+1}·kr_cᵀ)ᵀ (the producer's product, fp32 sums rounded to fp16)."""
-    S = f32(S)
-    out = []
-    W = f16(recs[0]["kd"]) @ f16(S).T
-    for c, r in enumerate(recs):
-        kd, qd, kr, Ab, M = (f16(r[x]) for x in ("kd", "qd", "kr", "Ab", "M"))
-        Sh = f16(S)
-        X = f16(f16(v[c * C:(c + 1) * C]) - W)
-        Uh = f16(Ab @ X)
-        out.append(qd @ Sh.T + M @ Uh)
-        if c + 1 < len(recs):
-            kd1 = f16(recs[c + 1]["kd"])
-            kdg = f16(kd1 * f32(r["g"])[None, :])
-            R = f16(kd1 @ kr.T)                      # [C_{c+1}, C_c]
-            W = kdg @ Sh.T + R @ Uh
-        S = f32(S * f32(r["g"])[None, :] + Uh.T @ kr)
-    return np.concatenate(out), S
-
-
-def rel(a, b):
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
-def case(T, K, C, gate_scale, seed):
+def case(T, decay_scale, seed, H=2, K=128, C=16):
     rng = np.random.default_rng(seed)
-    q, k = rng.normal(size=(T, K)), rng.normal(size=(T, K))
-    q /= np.linalg.norm(q, axis=1, keepdims=True)
-    k /= np.linalg.norm(k, axis=1, keepdims=True)
-    v = rng.normal(size=(T, K))
-    a = -gate_scale * np.log2(np.e) * np.log1p(np.exp(rng.normal(size=(T, K)) - 2.0))   # softplus-gate decays
-    beta = 1.0 / (1.0 + np.exp(-rng.normal(size=T)))
-    S0 = 0.1 * rng.normal(size=(K, K))
-    recs = chunk_records(q, k, a, beta, C, K ** -0.5)
-    o_ref, s_ref = exact(recs, v, S0, C)
-    o_m, s_m = main_loop(recs, v, S0, C)
-    o_l, s_l = lookahead_loop(recs, v, S0, C)
-    return rel(o_m, o_ref), rel(s_m, s_ref), rel(o_l, o_ref), rel(s_l, s_ref), rel(o_l, o_m)
+    q, k, v, g = (E.bf16(rng.normal(size=(H, T, K))) for _ in range(4))
+    beta = E.bf16(rng.normal(size=(H, T)))
+    A_log = np.log(np.full(H, decay_scale))
+    S0 = E.f32(0.1 * rng.normal(size=(H, K, K)))
+    args = (q, k, g, beta, A_log, None, "softplus", -5.0, K ** -0.5)
+    exact = E.prepare(*args, E.EXACT, C)
+    o_ref, s_ref = E.recurrence(exact, v.reshape(H, T // C, C, K), S0, E.EXACT)
+    rec = E.prepare(*args, KERNEL, C)
+    o_main, s_main = E.recurrence(rec, v.reshape(H, T // C, C, K), S0, KERNEL)
+    o_look, s_look = recurrence_lookahead(rec, v.reshape(H, T // C, C, K), S0, KERNEL)
+    return [relative_error(*p) for p in ((o_main, o_ref), (s_main, s_ref), (o_look, o_ref), (s_look, s_ref),
+                                         (o_look, o_main))]
 
 
 if __name__ == "__main__":
-    print(f"{'T':>6} {'gate x':>6} | {'main out':>9} {'state':>9} | {'lookahead out':>13} {'state':>9} | {'lookahead vs main':>17}")
-    for T, gs in [(1024, 1.0), (4096, 1.0), (4096, 0.1), (4096, 8.0)]:
-        r = case(T, 128, 16, gs, seed=T + int(10 * gs))
-        print(f"{T:>6} {gs:>6} | {r[0]:9.2e} {r[1]:9.2e} | {r[2]:13.2e} {r[3]:9.2e} | {r[4]:17.2e}")
+    print(f"{'T':>6} {'decays':>6} | {'main out':>9} {'state':>9} | {'lookahead out':>13} {'state':>9} | "
+          f"{'lookahead vs main':>17}")
+    for T, ds in [(1024, 1.0), (4096, 1.0), (4096, 0.1), (4096, 8.0)]:
+        r = case(T, ds, seed=T + int(10 * ds))
+        print(f"{T:>6} {'x' + str(ds):>6} | {r[0]:9.2e} {r[1]:9.2e} | {r[2]:13.2e} {r[3]:9.2e} | {r[4]:17.2e}")
