@@ -15,8 +15,8 @@ tar xJf $KC.tar.xz && tar xJf $TREES.tar.xz || exit 1
 export PYKDA_CACHE_DIR=$PWD/$KC
 nvidia-smi --query-gpu=name --format=csv,noheader
 T=docs/studies/prepare_frags/times.py
-PYTHONPATH=. timeout 150 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_kda_gpu.py \
-  tests/test_kda_segments_gpu.py 2>&1 | tail -1 | tee $OUT/tests.txt
+PYTHONPATH=. timeout 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kda_gpu.py \
+  tests/test_kda_segments_gpu.py > $OUT/tests.txt 2>&1; tail -1 $OUT/tests.txt
 mkdir -p $OUT/o_base $OUT/o_tree
 for round in 1 2 3; do
   save_b=""; save_t=""; [ $round = 1 ] && save_b="--save $OUT/o_base" && save_t="--save $OUT/o_tree"
