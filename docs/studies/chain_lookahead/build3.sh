@@ -1,6 +1,6 @@
 #!/bin/bash
 # Session 66's third round: the ring written by RING_WARPS warps in turns. From this tree with
-# lookahead.patch and the RING_WARPS change applied (repository root, ~4 min): .la_base (main), .la_r4 (four
+# lookahead.patch applied (`git apply`; repository root, ~4 min): .la_base (main), .la_r4 (four
 # ring warps) and .la_nor (one ring warp that computes nothing: wrong outputs, only its time, to see whether
 # the ring's writer bounds the chains) in .la.tar.xz; the kda kernels of all four trees in .kc_la.tar.xz.
 # Then, on the device: bash docs/studies/chain_lookahead/round3.sh
