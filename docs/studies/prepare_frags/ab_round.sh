@@ -29,21 +29,6 @@ PYTHONPATH=. python docs/studies/prepare_frags/compare.py $OUT/o_tree $OUT/o_bas
 rm -rf $OUT/o_base $OUT/o_tree
 PYTHONPATH=. timeout 200 python -m pykda sanitize --tool memcheck,racecheck --shards 4 --timeout 90 \
   --log-dir $OUT/san --pytest-args="-k 'kda and not decode'" 2>&1 | tail -3
-python - $OUT <<'PY'
-import re, sys, pathlib
-out = pathlib.Path(sys.argv[1]); rows = {}
-for f in sorted(out.glob("*_[123].txt")):
-    who = f.stem.rsplit("_", 1)[0]
-    for line in f.read_text().splitlines():
-        m = re.match(r"(.+?): prepare ([\d.]+) us, span ([\d.]+) us", line)
-        if m: rows.setdefault(m[1], {}).setdefault(who, []).append((float(m[2]), float(m[3])))
-mean = lambda xs: sum(xs) / len(xs)
-others = [w for w in next(iter(rows.values())) if w != "base"]
-print(f"{'row':30s} {'base prepare':>15s}  " + "  ".join(f"{w + ' prep/span':>20s}" for w in others))
-for r, d in rows.items():
-    b = d["base"]; pb, sb = mean([p for p, _ in b]), mean([s for _, s in b])
-    cells = [f"{mean([p for p, _ in d[w]]) / pb:9.3f} {mean([s for _, s in d[w]]) / sb:9.3f}" for w in others]
-    print(f"{r:30s} {min(p for p, _ in b):7.1f}-{max(p for p, _ in b):6.1f}  " + "  ".join(f"{c:>20s}" for c in cells))
-PY
+python docs/studies/prepare_frags/ratios.py $OUT
 grep -c "0.00e+00" $OUT/compare.txt; grep -v "0.00e+00" $OUT/compare.txt | head -5
 echo "done at ${SECONDS}s"

@@ -4,7 +4,8 @@
 # the patch applied, carrying .kc_pp.tar.xz (main's kda and decode kernels and both patched trees' kda
 # kernels) and .pp.tar.xz (.pp_base: main; .pp_4: the patch at four CTAs an SM). On any other GPU it
 # stops at once: the H100's answers are in the README. ROUNDS (default 2) alternations; SEGMENTS=0 skips
-# the segment sweep.
+# the segment sweep. The last table names the trees as times.py ran them: tree (the patch, five CTAs an
+# SM) and four (.pp_4), each as ratios to base (main).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$gpu"
@@ -31,22 +32,7 @@ echo "decode at ${SECONDS}s"
   --segment-chunks 256,512,1024 --warps 4,8 > $OUT/kda_segments.txt 2>&1
 echo "segments at ${SECONDS}s"
 cd ..
-python - $OUT <<'PY'
-import re, sys, pathlib
-out = pathlib.Path(sys.argv[1]); rows = {}
-for f in sorted(out.glob("*_[12].txt")):
-    who = f.stem.rsplit("_", 1)[0]
-    for line in f.read_text().splitlines():
-        m = re.match(r"(.+?): prepare ([\d.]+) us, span ([\d.]+) us", line)
-        if m: rows.setdefault(m[1], {}).setdefault(who, []).append((float(m[2]), float(m[3])))
-mean = lambda xs: sum(xs) / len(xs)
-print(f"{'row':30s} {'main prepare / span us':>24s} {'5 CTAs prep/span':>18s} {'4 CTAs prep/span':>18s}")
-for r, d in rows.items():
-    b = d["base"]; pb, sb = mean([p for p, _ in b]), mean([s for _, s in b])
-    cells = [f"{mean([p for p, _ in d[w]]) / pb:8.3f} {mean([s for _, s in d[w]]) / sb:8.3f}" if w in d else "-"
-             for w in ("tree", "four")]
-    print(f"{r:30s} {pb:11.1f} {sb:11.1f} " + " ".join(f"{c:>18s}" for c in cells))
-PY
+python docs/studies/prepare_frags/ratios.py $OUT
 grep -v "%|" $OUT/decode_stages.txt | tail -22
 [ -f $OUT/kda_segments.txt ] && grep -v "%|" $OUT/kda_segments.txt | tail -16
 echo "done at ${SECONDS}s"
