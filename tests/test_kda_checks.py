@@ -66,6 +66,15 @@ def test_strided_views_are_accepted():
     check(**a)
 
 
+def test_heads_broadcast_from_one_are_accepted():
+    """q, k and g of one head read by every head (a stride of 0 over H, as torch's expand makes):
+    kda_prepare takes each array's strides, so nothing needs a copy."""
+    a = good()
+    for n in ("q", "k", "g"):
+        a[n] = arr((1, 100, 4, 128), strides=(100 * 128, 128, 0, 1))
+    check(**a)
+
+
 # each bad input: (case, exception, message naming the argument)
 BAD = [
     ("q_dtype", TypeError, "q must have dtype bfloat16; got float16"),

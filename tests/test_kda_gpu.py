@@ -211,6 +211,15 @@ def test_strided_inputs_are_read_in_place():
     assert torch.equal(o, o_ref)
 
 
+def test_heads_broadcast_from_one_are_read_in_place():
+    """q, k and g expanded from one head (stride 0 over H) give what their copies give."""
+    x, _ = make(1, 300, 4, 128, seed=11)
+    y = dict(x, **{n: x[n][:, :, :1].expand(x[n].shape) for n in ("q", "k", "g")})
+    o, _ = run(y, flags=SOFTPLUS)
+    o_ref, _ = run({n: t.contiguous() for n, t in y.items()}, flags=SOFTPLUS)
+    assert torch.equal(o, o_ref)
+
+
 def test_scale_and_default_state_dtype():
     x, _ = make(1, 50, 2, 128, seed=10)
     o, fs = run(x, scale=0.3, output_final_state=True)
