@@ -28,6 +28,12 @@ def profile_calls(call, reps=REPS):
     return [kernels[i * n:(i + 1) * n] for i in range(reps)]
 
 
+def kernel_median_us(calls, name: str) -> float:
+    """The median µs of the kernels whose name holds `name`, over `calls` (as profile_calls gives them)."""
+    times = sorted(e.time_range.end - e.time_range.start for c in calls for e in c if name in e.name)
+    return times[len(times) // 2]
+
+
 def main():
     for H, lengths in SHORT if sys.argv[1:] == ["short"] else ROWS:
         x, params, cu, _ = _inputs(H, lengths, False)

@@ -12,24 +12,22 @@ from pykda.bench.kda import FLAGS, _inputs
 from pykda.ops.kda import record_bytes
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "kda_scan"))
-from kernels import profile_calls  # noqa: E402
+from kernels import kernel_median_us, profile_calls  # noqa: E402
 
 ROWS = [(96, 8192), (64, 8192), (8, 131072)]
-K, C = 128, 16
+C = 16   # chunk_kda's default chunk
 
 
 def prepare_us(seq, params, gate):
     call = lambda: pykda.chunk_kda(*seq, **params, **FLAGS[gate], state_v_first=True)  # noqa: E731
-    prep = sorted(e.time_range.end - e.time_range.start for c in profile_calls(call, 7) for e in c
-                  if "prepare" in e.name)
-    return prep[len(prep) // 2]
+    return kernel_median_us(profile_calls(call, 7), "prepare")
 
 
 print(torch.cuda.get_device_name())
 for gate in ("softplus", "safe"):
     for H, T in ROWS:
         x, params, _, _ = _inputs(H, [T], False)
-        names = ("q", "k", "v", "g", "beta")
+        names, K = ("q", "k", "v", "g", "beta"), x["q"].shape[-1]
         own = [x[n] for n in names]
         shared = [x[n][:, :, :1].expand(x[n].shape) if n in ("q", "k", "g") else x[n] for n in names]
         reads = 3 * T * H * K * 2

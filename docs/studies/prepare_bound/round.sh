@@ -7,7 +7,7 @@
 set -o pipefail
 export PYTHONUNBUFFERED=1
 tar xJf .kc_pp.tar.xz && tar xJf .pp.tar.xz || exit 1
-(cd .pp_base && PYKDA_CACHE_DIR=$OLDPWD/.kc_pp PYTHONPATH=. timeout 150 python $OLDPWD/docs/studies/prepare_bound/l2_reads.py) \
-  2>&1 | tee $OUT/l2_reads.txt
+(cd .pp_base && PYKDA_CACHE_DIR=$OLDPWD/.kc_pp PYTHONPATH=. timeout 150 \
+  python $OLDPWD/docs/studies/prepare_bound/l2_reads.py) 2>&1 | tee $OUT/l2_reads.txt
 echo "l2_reads at ${SECONDS}s"
 bash docs/studies/prepare_pipelined/h200_round.sh

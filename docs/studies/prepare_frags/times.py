@@ -10,7 +10,7 @@ import pykda
 from pykda.bench.kda import FLAGS, _inputs
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "kda_scan"))
-from kernels import profile_calls  # noqa: E402
+from kernels import kernel_median_us, profile_calls  # noqa: E402
 
 ROWS = [(96, [8192]), (64, [8192]), (8, [131072]), (1, [1048576]), (8, [131072] + [1024] * 63)]
 REPS = 7
@@ -20,8 +20,7 @@ def profile(call):
     """kda_prepare's median µs over REPS calls, and the calls' median span."""
     calls = profile_calls(call, REPS)
     span = sorted(c[-1].time_range.end - c[0].time_range.start for c in calls)[REPS // 2]
-    prep = sorted(e.time_range.end - e.time_range.start for c in calls for e in c if "prepare" in e.name)
-    return prep[len(prep) // 2], span
+    return kernel_median_us(calls, "prepare"), span
 
 
 save = sys.argv[sys.argv.index("--save") + 1] if "--save" in sys.argv else None
